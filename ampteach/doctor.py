@@ -1,0 +1,200 @@
+"""What this machine can do with mixed precision, and which precision to use here.
+
+    $ ampteach doctor            # or: python -m ampteach doctor
+    from ampteach.doctor import collect; collect().recommendation
+
+The recommendation follows from two things: whether the hardware has native half-precision
+arithmetic (tensor cores on a GPU; AVX512-BF16 / AMX on a CPU), and a short matmul probe that
+measures it: speed-up = time(fp32 matmul) / time(half matmul) on this device.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+CPU_HALF_FLAGS = ("avx512_bf16", "amx_bf16", "amx_fp16", "avx512_fp16")
+
+
+@dataclass
+class Report:
+    python: str
+    torch: str
+    platform: str
+    cpu_name: str
+    cpu_capability: str
+    cpu_flags: dict[str, bool]
+    threads: int
+    cpu_count: int
+    cuda: dict | None
+    dataset_root: str
+    dataset_found: bool
+    dataset_counts: tuple[int, int] | None
+    probe: dict[str, dict[str, float]] = field(default_factory=dict)  # device -> {fp16, bf16}: speed-up vs fp32
+    recommendation: str = ""
+    reason: str = ""
+
+
+def cpu_info() -> tuple[str, dict[str, bool] | None]:
+    """CPU model name and its native half-precision flags (None where the OS does not tell)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        name, flags = platform.processor() or "unknown", set()
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                name = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+        return name, {f: f in flags for f in CPU_HALF_FLAGS}
+    return platform.processor() or platform.machine(), None
+
+
+def cuda_info() -> dict | None:
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    cc = (props.major, props.minor)
+    return {
+        "name": props.name,
+        "capability": f"{cc[0]}.{cc[1]}",
+        "tensor_cores": cc >= (7, 0),
+        "bf16": bool(torch.cuda.is_bf16_supported()),
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "cuda": torch.version.cuda,
+    }
+
+
+def dataset_status() -> tuple[str, bool, tuple[int, int] | None]:
+    """Where the data loader will look, whether the four files are there, and their image counts."""
+    from .data import default_root, missing_files, read_idx_images
+
+    root = default_root()
+    if missing_files(root):
+        return str(root), False, None
+    try:
+        counts = tuple(len(read_idx_images(root / f"{s}-images-idx3-ubyte.gz")) for s in ("train", "t10k"))
+    except ValueError:
+        return str(root), False, None
+    return str(root), True, counts  # type: ignore[return-value]
+
+
+def matmul_speedup(device: str, dtype: torch.dtype, n: int = 512, min_seconds: float = 0.1) -> float:
+    """time(fp32 n x n matmul) / time(dtype matmul) on device: > 1 means the half format is faster."""
+    def seconds_per_mm(dt: torch.dtype) -> float:
+        a = torch.randn(n, n, device=device).to(dt)
+        b = torch.randn(n, n, device=device).to(dt)
+        a @ b  # warm-up
+        reps, elapsed = 0, 0.0
+        while elapsed < min_seconds:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            a @ b
+            if device == "cuda":
+                torch.cuda.synchronize()
+            elapsed += time.perf_counter() - t
+            reps += 1
+        return elapsed / reps
+
+    return seconds_per_mm(torch.float32) / seconds_per_mm(dtype)
+
+
+def recommend(cuda: dict | None, cpu_flags: dict[str, bool] | None, probe: dict[str, dict[str, float]]) -> tuple[str, str]:
+    """(precision to use, why), from the hardware facts and the measured probe."""
+    if cuda is not None:
+        if not cuda["tensor_cores"]:
+            return "fp32", (f"{cuda['name']} (compute capability {cuda['capability']}) has no tensor cores: AMP "
+                            "saves activation memory but gives little speed")
+        if cuda["bf16"]:
+            return "bf16 autocast", (f"{cuda['name']} runs bf16 on tensor cores at fp16 speed with fp32's exponent "
+                                     "range, so no GradScaler is needed (fp16 + GradScaler works too)")
+        return "fp16 autocast + GradScaler", (f"{cuda['name']} has fp16 tensor cores but no bf16: use fp16 and "
+                                              "loss scaling")
+    cpu = probe.get("cpu", {})
+    bf16, fp16 = cpu.get("bf16"), cpu.get("fp16")
+    native = [f.upper().replace("_", "-") for f in ("avx512_bf16", "amx_bf16") if cpu_flags and cpu_flags.get(f)]
+    has = f"this CPU has native bf16 ({', '.join(native)})" if native else "this CPU has no native bf16 arithmetic"
+    fp16_note = f"; fp16 autocast here runs {1 / fp16:.0f}x slower than fp32 (no native fp16)" if fp16 and fp16 < 0.5 else ""
+    if bf16 is None:  # not measured: go by the flags alone
+        if native:
+            return "bf16 autocast", f"{has} (flags only; run without --no-probe to measure it)"
+        return "fp32", f"bf16 autocast on this CPU is slower than fp32: {has} (flags only, not measured)"
+    if bf16 > 1.1:
+        return "bf16 autocast", f"{has}: measured bf16 matmul {bf16:.1f}x fp32's speed{fp16_note}"
+    return "fp32", (f"bf16 autocast on this CPU is slower than fp32 (measured {bf16:.2f}x fp32's speed): {has}. "
+                    f"Run the lessons anyway (they teach numerics, not speed); course/results has GPU numbers{fp16_note}")
+
+
+def collect(probe: bool = True) -> Report:
+    cpu_name, flags = cpu_info()
+    cuda = cuda_info()
+    root, found, counts = dataset_status()
+    speed: dict[str, dict[str, float]] = {}
+    if probe:
+        speed["cpu"] = {"bf16": matmul_speedup("cpu", torch.bfloat16), "fp16": matmul_speedup("cpu", torch.float16, n=256)}
+        if cuda is not None:
+            speed["cuda"] = {"fp16": matmul_speedup("cuda", torch.float16, n=4096)}
+            if cuda["bf16"]:
+                speed["cuda"]["bf16"] = matmul_speedup("cuda", torch.bfloat16, n=4096)
+    rec, why = recommend(cuda, flags, speed)
+    return Report(
+        python=platform.python_version(), torch=torch.__version__,
+        platform=f"{platform.system()} {platform.machine()}", cpu_name=cpu_name,
+        cpu_capability=torch.backends.cpu.get_cpu_capability(), cpu_flags=flags or {},
+        threads=torch.get_num_threads(), cpu_count=os.cpu_count() or 1, cuda=cuda,
+        dataset_root=root, dataset_found=found, dataset_counts=counts, probe=speed,
+        recommendation=rec, reason=why,
+    )
+
+
+def format_report(r: Report) -> str:
+    yes = {True: "yes", False: "no"}
+    lines = [
+        f"Python         {r.python} ({r.platform})",
+        f"torch          {r.torch}",
+    ]
+    if r.cuda:
+        c = r.cuda
+        lines += [
+            f"GPU            {c['name']}, compute capability {c['capability']}, {c['memory_gib']} GiB, CUDA {c['cuda']}",
+            f"  tensor cores {yes[c['tensor_cores']]}",
+            f"  bf16         {yes[c['bf16']]}",
+        ]
+    else:
+        lines.append("GPU            none (torch.cuda.is_available() is False): everything runs on the CPU")
+    flags = ", ".join(f"{f.upper().replace('_', '-')} {yes[v]}" for f, v in r.cpu_flags.items()) or "unknown on this OS"
+    lines += [
+        f"CPU            {r.cpu_name} (torch kernels: {r.cpu_capability})",
+        f"  native half  {flags}",
+        f"  threads      {r.threads} torch threads, {r.cpu_count} logical CPUs",
+    ]
+    for device, speeds in r.probe.items():
+        measured = ", ".join(f"{k} {v:.2f}x" for k, v in speeds.items())
+        lines.append(f"  probe        {device} matmul speed vs fp32: {measured}")
+    if r.dataset_found:
+        n_train, n_test = r.dataset_counts
+        kind = "the course subset" if (n_train, n_test) == (7000, 1226) else "the full dataset" if n_train == 60000 else "a copy"
+        lines.append(f"Dataset        found in {r.dataset_root}: {n_train} train / {n_test} test images ({kind})")
+    else:
+        lines.append(f"Dataset        not found in {r.dataset_root}: set AMPTEACH_DATA to a folder with the four "
+                     f"FashionMNIST .gz files, or let the lessons download it (internet needed)")
+    lines += [f"Recommended    {r.recommendation}", f"  why          {r.reason}"]
+    return "\n".join(lines)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--no-probe", action="store_true", help="skip the ~1 s matmul speed probe")
+
+
+def run(args) -> int:
+    print(format_report(collect(probe=not args.no_probe)))
+    return 0
+
+

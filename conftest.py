@@ -1,0 +1,48 @@
+"""Let plain `pytest` run the whole course: unit tests, lessons (strict nbval), solutions (lax nbval).
+
+nbval's --nbval / --nbval-lax flags apply to every notebook of a run at once, but the course needs
+both: a lesson's stored outputs are part of the lesson and must reproduce (strict), while a solution
+is checked only for running without error and for its check cells passing (lax, as grading does).
+So this file collects each folder with the mode it needs. Exercises are not collected here: an
+untouched exercise must FAIL, and tests/test_exercises.py checks exactly that.
+
+When you pass --nbval or --nbval-lax yourself (e.g. to grade one exercise), nbval collects as usual.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from nbval.plugin import IPyNbFile
+
+ROOT = Path(__file__).parent
+STRICT_BY_FOLDER = {ROOT / "notebooks": True, ROOT / "solutions": False}
+SANITIZE = ROOT / "course" / "nbval-sanitize.cfg"
+SUBSET = ROOT.parent / "shared" / "data" / "fashion-mnist-subset"
+
+
+class CourseNotebook(IPyNbFile):
+    """nbval's notebook collector with the output check chosen per folder instead of per run."""
+
+    def __init__(self, *args, strict: bool, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.compare_outputs = strict
+
+
+def pytest_configure(config):
+    if config.option.nbval_sanitize_with is None:
+        config.option.nbval_sanitize_with = str(SANITIZE)
+    # A checkout beside ../shared (CI, the course machines) tests against the offline subset.
+    if "AMPTEACH_DATA" not in os.environ and SUBSET.is_dir():
+        os.environ["AMPTEACH_DATA"] = str(SUBSET)
+
+
+def pytest_collect_file(file_path, parent):
+    option = parent.config.option
+    if file_path.suffix != ".ipynb" or option.nbval or option.nbval_lax:
+        return None
+    strict = STRICT_BY_FOLDER.get(file_path.parent)
+    if strict is None:
+        return None
+    return CourseNotebook.from_parent(parent, path=file_path, strict=strict)
