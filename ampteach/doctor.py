@@ -154,7 +154,8 @@ def collect(probe: bool = True) -> Report:
     )
 
 
-def format_report(r: Report) -> str:
+def format_report(r: Report, paths: bool = True) -> str:
+    """The report as text; paths=False names where the data came from instead of the folder (for notebooks)."""
     yes = {True: "yes", False: "no"}
     lines = [
         f"Python         {r.python} ({r.platform})",
@@ -178,12 +179,13 @@ def format_report(r: Report) -> str:
     for device, speeds in r.probe.items():
         measured = ", ".join(f"{k} {v:.2f}x" for k, v in speeds.items())
         lines.append(f"  probe        {device} matmul speed vs fp32: {measured}")
+    where = r.dataset_root if paths else ("$AMPTEACH_DATA" if os.environ.get("AMPTEACH_DATA") else "the user cache")
     if r.dataset_found:
         n_train, n_test = r.dataset_counts
         kind = "the course subset" if (n_train, n_test) == (7000, 1226) else "the full dataset" if n_train == 60000 else "a copy"
-        lines.append(f"Dataset        found in {r.dataset_root}: {n_train} train / {n_test} test images ({kind})")
+        lines.append(f"Dataset        found in {where}: {n_train} train / {n_test} test images ({kind})")
     else:
-        lines.append(f"Dataset        not found in {r.dataset_root}: set AMPTEACH_DATA to a folder with the four "
+        lines.append(f"Dataset        not found in {where}: set AMPTEACH_DATA to a folder with the four "
                      f"FashionMNIST .gz files, or let the lessons download it (internet needed)")
     lines += [f"Recommended    {r.recommendation}", f"  why          {r.reason}"]
     return "\n".join(lines)

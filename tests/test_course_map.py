@@ -1,0 +1,39 @@
+"""course/README.md and the notebooks stay in sync: every notebook is on the map, every map entry exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+FOLDERS = ("notebooks", "exercises", "solutions")
+
+
+def named_in_map() -> set[str]:
+    text = (ROOT / "course" / "README.md").read_text()
+    return set(re.findall(r"\b((?:notebooks|exercises|solutions)/[\w.-]+\.ipynb)", text))
+
+
+def on_disk() -> set[str]:
+    return {f"{folder}/{p.name}" for folder in FOLDERS for p in (ROOT / folder).glob("*.ipynb")}
+
+
+def test_every_notebook_named_in_the_course_map_exists():
+    missing = sorted(named_in_map() - on_disk())
+    assert not missing, f"course/README.md names notebooks that do not exist: {missing}"
+
+
+def test_every_notebook_is_named_in_the_course_map():
+    unnamed = sorted(on_disk() - named_in_map())
+    assert not unnamed, f"add these to course/README.md: {unnamed}"
+
+
+def test_every_exercise_has_its_solution_and_the_other_way_round():
+    exercises = {p.name for p in (ROOT / "exercises").glob("*.ipynb")}
+    solutions = {p.name for p in (ROOT / "solutions").glob("*.ipynb")}
+    assert exercises == solutions
+
+
+def test_lessons_are_numbered_in_order():
+    numbers = sorted(int(p.name[:2]) for p in (ROOT / "notebooks").glob("*.ipynb"))
+    assert numbers == list(range(len(numbers)))

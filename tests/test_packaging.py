@@ -1,0 +1,97 @@
+"""The install story: pyproject and environment.yml agree, README and .ci/run agree, exports resolve."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+CONDA_TO_PIP = {"pytorch": "torch", "matplotlib-base": "matplotlib"}
+NOT_PACKAGES = {"python", "pip"}
+
+
+def split_requirement(spec: str) -> tuple[str, str]:
+    name, _, version = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*((?:[<>=!~]=?.*)?)$", spec).group(1, 0, 2)
+    return name.lower(), version.replace(" ", "")
+
+
+def pyproject_requirements() -> dict[str, str]:
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    specs = project["dependencies"] + project["optional-dependencies"]["dev"]
+    return dict(split_requirement(s) for s in specs)
+
+
+def environment_requirements() -> dict[str, str]:
+    """The conda packages listed under `dependencies:` (not the pip section), pip-named."""
+    out = {}
+    dependencies = (ROOT / "environment.yml").read_text().split("\ndependencies:\n", 1)[1]
+    for line in dependencies.splitlines():
+        m = re.match(r"^  - ([A-Za-z][^:#\s]*)\s*$", line)  # two-space list items only: not the pip: block
+        if m:
+            name, version = split_requirement(m.group(1))
+            if name not in NOT_PACKAGES:
+                out[CONDA_TO_PIP.get(name, name)] = version
+    return out
+
+
+def test_environment_yml_names_the_same_packages_and_versions_as_pyproject():
+    assert environment_requirements() == pyproject_requirements()
+
+
+def test_environment_yml_uses_conda_forge_and_installs_this_project_last():
+    text = (ROOT / "environment.yml").read_text()
+    assert re.search(r"channels:\n  - conda-forge\n(?!  - )", text)
+    assert text.rstrip().endswith('- -e ".[dev]"')
+
+
+def test_pyproject_core_dependencies_are_the_short_list():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {split_requirement(s)[0] for s in project["dependencies"]}
+    assert names == {"torch", "jupyterlab", "matplotlib", "ipywidgets", "nbval", "tqdm", "numpy"}
+    assert project["requires-python"] == ">=3.10"
+    assert project["scripts"]["ampteach"] == "ampteach.cli:main"
+
+
+def readme_quickstart_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    quickstart = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    return [block.strip() for block in re.findall(r"```bash\n(.*?)```", quickstart, re.S)]
+
+
+def test_readme_quickstart_is_exactly_two_commands_install_and_test():
+    install, test = readme_quickstart_commands()
+    assert install.startswith('pip install -e ".[dev]"') and "jupyter lab" in install
+    assert test == "pytest"
+    assert "AMPTEACH_DATA" in (ROOT / "README.md").read_text()
+
+
+def test_ci_installs_cpu_torch_then_the_readme_install_then_runs_the_readme_test_command():
+    install, test = readme_quickstart_commands()
+    lines = [l.strip() for l in (ROOT / ".ci/run").read_text().splitlines() if l.strip() and not l.strip().startswith("#")]
+    pip_torch = lines.index("python -m pip install --quiet torch==2.13.0")
+    pip_project = lines.index("python -m pip install --quiet " + install.split(" && ")[0].removeprefix("pip install "))
+    assert pip_torch < pip_project
+    assert lines[-1] == test
+    assert "../shared/data/fashion-mnist-subset" in (ROOT / ".ci/run").read_text()
+
+
+def test_every_exported_name_resolves():
+    import ampteach
+
+    for name, module in ampteach._EXPORTS.items():
+        assert getattr(ampteach, name) is getattr(importlib.import_module(f"ampteach.{module}"), name)
+    for module in ampteach._SUBMODULES:
+        assert (ROOT / "ampteach" / f"{module}.py").is_file(), module
+
+
+def test_empty_top_level_folders_say_what_lives_there():
+    for folder in ("course", "notebooks", "exercises", "solutions", "tests", "ampteach", "benchmarks"):
+        path = ROOT / folder
+        assert path.is_dir(), folder
+        has_content = any(p.suffix in {".py", ".ipynb"} for p in path.iterdir())
+        assert has_content or (path / "README.md").is_file(), f"{folder}/ is empty and has no README.md"
