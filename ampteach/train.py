@@ -14,23 +14,36 @@ Each step is PyTorch's recipe, with the same calls whichever implementation runs
 
 `impl="torch"` uses torch.autocast and torch.amp.GradScaler, `impl="ampteach"` uses
 ampteach.autocast and ampteach.GradScaler: the loop does not change, which is the point.
+
+`recipe` says where the weights live (Apex's opt levels): "autocast" (O1, the default) keeps fp32
+weights and runs the forward under autocast; "master" (O2) halves the model (ampteach.to_half) and
+steps fp32 master copies (ampteach.MasterWeights), adding two lines to the same step:
+
+    scaler.scale(loss).backward()                                     # fp16 grads on the model
+    master.grads_to_master()                                          # fp32 copies, still times S
+    scaler.step(opt); scaler.update()                                 # on the fp32 masters
+    master.master_to_model()                                          # round back to fp16
+
+"half" (O3) halves the model and lets the optimizer update the half weights directly.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .data import Preloaded
+from .master import MasterWeights, to_half
 
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 IMPLS = ("torch", "ampteach")
 OPTIMIZERS = ("sgd", "adam", "adamw")
+RECIPES = ("autocast", "master", "half")
 
 
 @dataclass
@@ -41,6 +54,8 @@ class TrainConfig:
     recipe, ampteach.StaticLossScaler for either impl, since torch has none), None = no scaling.
     skip_nonfinite: when no dynamic scaler guards the step (fp32, bf16), skip any step whose loss
     or gradients are not finite, the way the scaler would.
+    recipe: "autocast" (fp32 weights, autocast forward), "master" (half model + fp32 master weights,
+    no autocast) or "half" (half model, half weights updated directly); see the module docstring.
     """
 
     precision: str = "fp32"
@@ -60,6 +75,7 @@ class TrainConfig:
     warmup_steps: int = 0
     record_steps: bool = True
     progress: bool = True
+    recipe: str = "autocast"
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -72,6 +88,15 @@ class TrainConfig:
             raise ValueError(f"loss_scale must be 'dynamic', a positive number (static) or None, got {self.loss_scale!r}")
         if self.epochs < 1 or self.batch_size < 1:
             raise ValueError(f"epochs and batch_size must be >= 1, got {self.epochs} and {self.batch_size}")
+        if self.recipe not in RECIPES:
+            raise ValueError(f"recipe must be one of {RECIPES}, got {self.recipe!r}")
+        if self.recipe != "autocast" and self.precision == "fp32":
+            raise ValueError(f"recipe={self.recipe!r} halves the model, so it needs precision='fp16' or 'bf16' "
+                             f"(got 'fp32'); for an fp32 run use recipe='autocast'")
+        if self.recipe == "half" and self.scaling is not None:
+            raise ValueError("recipe='half' with loss scaling cannot work: the scalers refuse fp16 gradients "
+                             "('Attempting to unscale FP16 gradients.'). Use recipe='master' (the scaler then "
+                             "unscales the fp32 master gradients), or loss_scale=None")
 
     @property
     def dtype(self) -> torch.dtype:
@@ -81,6 +106,11 @@ class TrainConfig:
     def scaling(self) -> str | float | None:
         """How this run scales its loss: only fp16 needs it."""
         return self.loss_scale if self.precision == "fp16" else None
+
+    @property
+    def autocast_precision(self) -> str:
+        """The precision autocast runs at: the run's own for recipe "autocast", else off (the model is half)."""
+        return self.precision if self.recipe == "autocast" else "fp32"
 
 
 @dataclass
@@ -163,20 +193,74 @@ def evaluate(model: nn.Module, data: Preloaded, precision: str = "fp32", impl: s
     return 100.0 * correct / len(data.test_y)
 
 
+class StepResult(NamedTuple):
+    loss: torch.Tensor          # the unscaled loss of this batch (before the update)
+    scale: float | None         # the loss scale the step used (None when config.record_steps is False)
+    skipped: bool               # True where the optimizer step was skipped (recorded steps only)
+
+
+def train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer, scaler,
+               config: TrainConfig, *, master: MasterWeights | None = None, step: int = 0,
+               after_backward: Callable[[int, nn.Module], None] | None = None) -> StepResult:
+    """One optimizer step of config's recipe on the batch (x, y): the body of train()'s loop.
+
+    With master (recipe "master"), optimizer and scaler work on the fp32 master copies: the model's
+    half grads are copied to them after backward and the updated values copied back after the step.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    with autocast_for(config.impl, x.device.type, config.autocast_precision):
+        loss = F.cross_entropy(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    if master is not None:
+        model.zero_grad(set_to_none=True)  # the model's half grads are not the optimizer's
+    scaler.scale(loss).backward()
+    if after_backward is not None:
+        after_backward(step, model)
+    if master is not None:
+        master.grads_to_master()  # fp32 grads, still multiplied by S
+    scale_used = scaler.get_scale() if config.record_steps else None
+    if config.clip_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(params, config.clip_norm)
+    if config.skip_nonfinite and not scaler.is_enabled() and not _all_finite(loss, params):
+        skipped = True  # no scaler guards this step (fp32, bf16): drop it, as a scaler would
+    else:
+        scaler.step(optimizer)
+        scaler.update()
+        skipped = config.record_steps and _was_skipped(scaler, scale_used)
+    if master is not None:
+        master.master_to_model()  # fp32 -> half, rounded to nearest
+    return StepResult(loss, scale_used, bool(skipped))
+
+
 def train(model: nn.Module, data: Preloaded, config: TrainConfig | None = None, *,
           optimizer: torch.optim.Optimizer | None = None,
-          after_backward: Callable[[int, nn.Module], None] | None = None) -> History:
+          after_backward: Callable[[int, nn.Module], None] | None = None,
+          master: MasterWeights | None = None) -> History:
     """Train model on data.train_* for config.epochs and return its History.
 
     after_backward(step, model) runs after backward and before unscale_/step: the place to look at
     (or, in the fault-injection tests, break) the gradients.
+    Recipes "master" and "half" cast model to half in place (to_half). For "master", pass your own
+    `master` (and an optimizer over master.params or master.param_groups(...)) or let train build both.
     """
     config = config or TrainConfig()
     device = data.device
     model.to(device)
     model.train()
-    opt = optimizer or make_optimizer(model.parameters(), config)
-    params = [p for group in opt.param_groups for p in group["params"]]
+    if config.recipe != "autocast":
+        to_half(model, config.dtype)
+    if config.recipe == "master":
+        if master is None and optimizer is not None:
+            raise ValueError("recipe='master' steps fp32 master copies, which your optimizer cannot hold yet: "
+                             "build master = MasterWeights(to_half(model)) and the optimizer over master.params, "
+                             "then pass both (train(..., optimizer=opt, master=master))")
+        if master is not None and master.model is not model:
+            raise ValueError("master was built from a different model: pass MasterWeights(model) of the model you train")
+        master = master or MasterWeights(model)
+    elif master is not None:
+        raise ValueError(f"master weights are used by recipe='master' only; this config has recipe={config.recipe!r}")
+    opt = optimizer or make_optimizer(master.params if master is not None else model.parameters(), config)
     scaler = scaler_for(config, device.type)
     history = History(config)
 
@@ -190,27 +274,13 @@ def train(model: nn.Module, data: Preloaded, config: TrainConfig | None = None, 
             if step == config.warmup_steps:
                 _sync(device)
                 t0 = time.perf_counter()
-            with autocast_for(config.impl, device.type, config.precision):
-                loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            if after_backward is not None:
-                after_backward(step, model)
-            scale_used = scaler.get_scale() if config.record_steps else None
-            if config.clip_norm is not None:
-                scaler.unscale_(opt)
-                torch.nn.utils.clip_grad_norm_(params, config.clip_norm)
-            if config.skip_nonfinite and not scaler.is_enabled() and not _all_finite(loss, params):
-                skipped = True  # no scaler guards this step (fp32, bf16): drop it, as a scaler would
-            else:
-                scaler.step(opt)
-                scaler.update()
-                skipped = config.record_steps and _was_skipped(scaler, scale_used)
+            loss, scale_used, skipped = train_step(model, x, y, opt, scaler, config, master=master, step=step,
+                                                   after_backward=after_backward)
             loss_sum += loss.detach().float()
             if config.record_steps:
                 history.step_loss.append(loss.item())
                 history.scales.append(scale_used)
-                history.skipped.append(bool(skipped))
+                history.skipped.append(skipped)
             step += 1
             if t0 is not None:
                 timed_samples += len(x)
@@ -219,7 +289,7 @@ def train(model: nn.Module, data: Preloaded, config: TrainConfig | None = None, 
             _sync(device)
             timed_seconds += time.perf_counter() - t0
         history.epoch_loss.append(loss_sum.item() / n_batches)
-        history.test_accuracy.append(evaluate(model, data, config.precision, config.impl))
+        history.test_accuracy.append(evaluate(model, data, config.autocast_precision, config.impl))
         bar.set_postfix(loss=f"{history.epoch_loss[-1]:.3f}", acc=f"{history.test_accuracy[-1]:.1f}%")
         if epoch + 1 < config.epochs and step >= config.warmup_steps:
             _sync(device)
@@ -241,5 +311,6 @@ def _was_skipped(scaler, scale_before: float) -> bool:
 def _progress(total: int, config: TrainConfig):
     from tqdm.auto import tqdm
 
-    desc = f"{config.impl} {config.precision}" + (f" scale={config.scaling}" if config.scaling is not None else "")
+    recipe = "" if config.recipe == "autocast" else f" {config.recipe}"
+    desc = f"{config.impl} {config.precision}{recipe}" + (f" scale={config.scaling}" if config.scaling is not None else "")
     return tqdm(total=total, desc=desc, unit="step", disable=not config.progress)

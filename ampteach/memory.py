@@ -1,0 +1,158 @@
+"""Where training memory goes, per parameter: counted from the real tensors, and measured on CUDA.
+
+    step = lambda: train_step(model, x, y, opt, scaler, config, master=master)
+    used = measure_step(step, model)          # activations autograd saved; CUDA peak on a GPU
+    b = memory_breakdown(model, opt, master)  # after a step, so grads and optimizer state exist
+    b.per_param        # fp32 + AdamW: {'weights': 4.0, 'grads': 4.0, 'master': 0.0, ..., 'optimizer': 8.0}
+    print(memory_table({"fp32": b32, "O2": b_o2}))
+
+bytes(category) = sum of nbytes over the distinct storages its tensors live in (numel * element_size
+for an ordinary tensor). Each storage counts once, in the first category that holds it: an fp32
+parameter that is its own master adds nothing under "master".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+# In counting order: a storage already counted in an earlier category is not counted again.
+CATEGORIES = ("weights", "grads", "master", "master_grads", "optimizer")
+
+
+def _storage_key(t: torch.Tensor) -> tuple[str, int]:
+    return str(t.device), t.untyped_storage().data_ptr()
+
+
+class _StorageCounter:
+    """Adds up storage bytes, each storage once (zero-byte storages are ignored)."""
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
+        self.seen = {_storage_key(t) for t in exclude}
+
+    def add(self, t: torch.Tensor | None) -> int:
+        if not isinstance(t, torch.Tensor) or t.untyped_storage().nbytes() == 0:
+            return 0
+        key = _storage_key(t)
+        if key in self.seen:
+            return 0
+        self.seen.add(key)
+        return t.untyped_storage().nbytes()
+
+
+@dataclass
+class MemoryBreakdown:
+    """Bytes held for a model's parameters, by category and by parameter name; buffers apart."""
+
+    n_params: int                                           # parameter values (elements) in the model
+    by_param: dict[str, dict[str, int]]                     # parameter name -> category -> bytes
+    buffers: int = 0                                        # e.g. BatchNorm running statistics
+    totals: dict[str, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.totals = {c: sum(row[c] for row in self.by_param.values()) for c in CATEGORIES}
+
+    @property
+    def total(self) -> int:
+        """All bytes counted: every category plus buffers."""
+        return sum(self.totals.values()) + self.buffers
+
+    @property
+    def per_param(self) -> dict[str, float]:
+        """Bytes per parameter value in each category (fp32 + AdamW: 4 + 4 + 8)."""
+        return {c: b / self.n_params for c, b in self.totals.items()}
+
+
+def memory_breakdown(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                     master=None) -> MemoryBreakdown:
+    """Count the bytes of model's weights, grads, master copies (a MasterWeights) and optimizer state.
+
+    Measure after a training step: gradients and optimizer state (AdamW: exp_avg, exp_avg_sq, and a
+    step counter per parameter) only exist once a step has made them.
+    """
+    counter = _StorageCounter()
+    by_param = {}
+    for name, p in model.named_parameters():
+        m = master.master_of(p) if master is not None and p.requires_grad else p
+        state = optimizer.state.get(m, {}) if optimizer is not None else {}
+        by_param[name] = {
+            "weights": counter.add(p),
+            "grads": counter.add(p.grad),
+            "master": counter.add(m),
+            "master_grads": counter.add(m.grad),
+            "optimizer": sum(counter.add(v) for v in state.values()),
+        }
+    buffers = sum(counter.add(b) for b in model.buffers())
+    return MemoryBreakdown(sum(p.numel() for p in model.parameters()), by_param, buffers)
+
+
+@dataclass
+class StepMemory:
+    """What one training step used beyond the tensors memory_breakdown counts."""
+
+    saved: int                     # bytes autograd saved for backward (activations), parameters excluded
+    cuda_before: int | None = None  # torch.cuda.memory_allocated before the step (None off CUDA)
+    cuda_peak: int | None = None    # torch.cuda.max_memory_allocated during the step (None off CUDA)
+
+
+def measure_step(step: Callable[[], object], model: nn.Module) -> StepMemory:
+    """Run step() once and measure it: activations saved for backward on any device; peak memory on CUDA.
+
+        used = measure_step(lambda: train_step(model, x, y, opt, scaler, config), model)
+
+    saved = sum of nbytes over the distinct storages autograd packed for backward, less the model's
+    own parameters and buffers (counted by memory_breakdown): the layer inputs and outputs the
+    backward pass needs, and under autocast the half copies of the weights. On a CUDA model,
+    cuda_peak is torch.cuda.max_memory_allocated over the step (after resetting the peak).
+    """
+    counter = _StorageCounter(exclude=[*model.parameters(), *model.buffers()])
+    saved = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        saved += counter.add(t)
+        return t
+
+    device = next(model.parameters()).device
+    on_cuda = device.type == "cuda" and torch.cuda.is_available()
+    before = peak = None
+    if on_cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
+    if on_cuda:
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device)
+    return StepMemory(saved, before, peak)
+
+
+def memory_table(breakdowns: dict[str, MemoryBreakdown], steps: dict[str, StepMemory] | None = None,
+                 batch_size: int = 1) -> str:
+    """A text table, one row per run: bytes per parameter value in each category and in all.
+
+    With steps (measure_step results per run), two more columns: activations saved for backward in
+    bytes per sample (saved / batch_size) and, where measured, the CUDA peak of the step in MiB.
+    """
+    header = ["", *CATEGORIES, "total"]
+    if steps:
+        header.append("saved/sample")
+        if any(s.cuda_peak is not None for s in steps.values()):
+            header.append("CUDA peak MiB")
+    rows = [header]
+    for label, b in breakdowns.items():
+        per = b.per_param
+        row = [label, *(f"{per[c]:.2f}" for c in CATEGORIES), f"{sum(per.values()):.2f}"]
+        if steps:
+            row.append(f"{steps[label].saved / batch_size:,.0f}")
+            if len(header) > len(row):
+                peak = steps[label].cuda_peak
+                row.append("-" if peak is None else f"{peak / 2**20:,.1f}")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return "\n".join("  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths)))
+                     for r in rows)
