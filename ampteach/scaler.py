@@ -302,7 +302,7 @@ class GradScaler(_LossScaler):
                 if new_scale.device.type != self._device or new_scale.numel() != 1 or new_scale.requires_grad:
                     raise ValueError("new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
                                      "torch.FloatTensor with requires_grad=False.")
-                self._scale.copy_(new_scale)
+                self._scale.copy_(new_scale.reshape(()))   # torch's own copy_ refuses shape (1,)
             else:
                 self._scale.fill_(new_scale)
             return
