@@ -35,6 +35,13 @@ _EXPORTS = {
     "round_to_format": "formats",
     "encode": "formats",
     "decode": "formats",
+    "FloatFormat": "formats",
+    "round_to_bf16": "formats",
+    "ulp": "formats",
+    "grid_near": "formats",
+    "bit_string": "formats",
+    "format_table": "formats",
+    "like_torch": "formats",
     # lesson 2: loss scaling
     "GradScaler": "scaler",
     "StaticLossScaler": "scaler",
@@ -68,3 +75,8 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))
+
+
+# A function named like its own module must be bound now: importing the submodule (which any other
+# module may do) sets the package attribute to the module, and __getattr__ is then never asked.
+from .train import train  # noqa: E402

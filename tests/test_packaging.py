@@ -95,3 +95,17 @@ def test_empty_top_level_folders_say_what_lives_there():
         assert path.is_dir(), folder
         has_content = any(p.suffix in {".py", ".ipynb"} for p in path.iterdir())
         assert has_content or (path / "README.md").is_file(), f"{folder}/ is empty and has no README.md"
+
+
+def test_functions_named_like_their_module_stay_functions():
+    import ampteach
+    import ampteach.train  # noqa: F401  (importing the submodule must not shadow the function)
+
+    from ampteach import train
+
+    assert callable(train) and not isinstance(train, type(ampteach))
+    if (ROOT / "ampteach" / "autocast.py").is_file():
+        import ampteach.autocast  # noqa: F401
+        from ampteach import autocast
+
+        assert not isinstance(autocast, type(ampteach)), "ampteach.autocast must be the context manager"
