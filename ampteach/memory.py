@@ -98,15 +98,17 @@ class StepMemory:
     cuda_peak: int | None = None    # torch.cuda.max_memory_allocated during the step (None off CUDA)
 
 
-def measure_step(step: Callable[[], object], model: nn.Module) -> StepMemory:
+def measure_step(step: Callable[[], object], model: nn.Module,
+                 device: torch.device | str | None = None) -> StepMemory:
     """Run step() once and measure it: activations saved for backward on any device; peak memory on CUDA.
 
         used = measure_step(lambda: train_step(model, x, y, opt, scaler, config), model)
 
     saved = sum of nbytes over the distinct storages autograd packed for backward, less the model's
     own parameters and buffers (counted by memory_breakdown): the layer inputs and outputs the
-    backward pass needs, and under autocast the half copies of the weights. On a CUDA model,
-    cuda_peak is torch.cuda.max_memory_allocated over the step (after resetting the peak).
+    backward pass needs, and under autocast the half copies of the weights. On a CUDA device (by
+    default the model's), cuda_peak is torch.cuda.max_memory_allocated over the step, after
+    resetting the peak; the step is synchronized before and after so the count covers all its work.
     """
     counter = _StorageCounter(exclude=[*model.parameters(), *model.buffers()])
     saved = 0
@@ -116,7 +118,7 @@ def measure_step(step: Callable[[], object], model: nn.Module) -> StepMemory:
         saved += counter.add(t)
         return t
 
-    device = next(model.parameters()).device
+    device = torch.device(device) if device is not None else next(model.parameters()).device
     on_cuda = device.type == "cuda" and torch.cuda.is_available()
     before = peak = None
     if on_cuda:

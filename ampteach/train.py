@@ -233,6 +233,38 @@ def train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, optimizer: to
     return StepResult(loss, scale_used, bool(skipped))
 
 
+class Prepared(NamedTuple):
+    master: MasterWeights | None       # fp32 master copies (recipe "master"), else None
+    optimizer: torch.optim.Optimizer   # over the master copies for recipe "master"
+    scaler: object                     # from scaler_for(config): dynamic, static or disabled
+
+
+def prepare(model: nn.Module, config: TrainConfig, *, optimizer: torch.optim.Optimizer | None = None,
+            master: MasterWeights | None = None) -> Prepared:
+    """What a run of config's recipe trains model with: its master copies, optimizer and loss scaler.
+
+        master, opt, scaler = prepare(model, config)        # recipe "master": model is now half
+        train_step(model, x, y, opt, scaler, config, master=master)
+
+    Recipes "master" and "half" cast model to half in place (to_half). For "master", pass your own
+    master (and an optimizer over master.params or master.param_groups(...)) or let prepare build both.
+    """
+    if config.recipe != "autocast":
+        to_half(model, config.dtype)
+    if config.recipe == "master":
+        if master is None and optimizer is not None:
+            raise ValueError("recipe='master' steps fp32 master copies, which your optimizer cannot hold yet: "
+                             "build master = MasterWeights(to_half(model)) and the optimizer over master.params, "
+                             "then pass both (optimizer=opt, master=master)")
+        if master is not None and master.model is not model:
+            raise ValueError("master was built from a different model: pass MasterWeights(model) of the model you train")
+        master = master or MasterWeights(model)
+    elif master is not None:
+        raise ValueError(f"master weights are used by recipe='master' only; this config has recipe={config.recipe!r}")
+    opt = optimizer or make_optimizer(master.params if master is not None else model.parameters(), config)
+    return Prepared(master, opt, scaler_for(config, next(model.parameters()).device.type))
+
+
 def train(model: nn.Module, data: Preloaded, config: TrainConfig | None = None, *,
           optimizer: torch.optim.Optimizer | None = None,
           after_backward: Callable[[int, nn.Module], None] | None = None,
@@ -241,27 +273,13 @@ def train(model: nn.Module, data: Preloaded, config: TrainConfig | None = None, 
 
     after_backward(step, model) runs after backward and before unscale_/step: the place to look at
     (or, in the fault-injection tests, break) the gradients.
-    Recipes "master" and "half" cast model to half in place (to_half). For "master", pass your own
-    `master` (and an optimizer over master.params or master.param_groups(...)) or let train build both.
+    Recipes "master" and "half" cast model to half in place; see prepare() for optimizer and master.
     """
     config = config or TrainConfig()
     device = data.device
     model.to(device)
     model.train()
-    if config.recipe != "autocast":
-        to_half(model, config.dtype)
-    if config.recipe == "master":
-        if master is None and optimizer is not None:
-            raise ValueError("recipe='master' steps fp32 master copies, which your optimizer cannot hold yet: "
-                             "build master = MasterWeights(to_half(model)) and the optimizer over master.params, "
-                             "then pass both (train(..., optimizer=opt, master=master))")
-        if master is not None and master.model is not model:
-            raise ValueError("master was built from a different model: pass MasterWeights(model) of the model you train")
-        master = master or MasterWeights(model)
-    elif master is not None:
-        raise ValueError(f"master weights are used by recipe='master' only; this config has recipe={config.recipe!r}")
-    opt = optimizer or make_optimizer(master.params if master is not None else model.parameters(), config)
-    scaler = scaler_for(config, device.type)
+    master, opt, scaler = prepare(model, config, optimizer=optimizer, master=master)
     history = History(config)
 
     n_batches = -(-len(data.train_x) // config.batch_size)
