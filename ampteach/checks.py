@@ -271,3 +271,40 @@ def check_tiny_loss(loss_fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
             if err > 1e-2:  # the weight gradient's matmul runs in half precision under autocast
                 raise CheckFailed(f"{case}: gradient off by {err:.1%} (relative) from float64's")
     _passed("check_tiny_loss", "fp16 and bf16 autocast x 3 logit ranges: finite float32 loss and gradient, float64-accurate")
+
+
+def check_e6_1_table(rows: dict[str, dict], device: str = "cpu") -> None:
+    """rows[precision] = {"samples_per_s", "peak_mem_bytes", "accuracy"} for fp32, fp16 and bf16 (as
+    measured by your `measure`); checks they are complete and plausible and prints them side by side
+    against the textbook's expectations (1.5-3x faster on a GPU, activation memory about halved,
+    accuracy within 0.5 points)."""
+    missing = [p for p in ("fp32", "fp16", "bf16") if p not in rows]
+    if missing:
+        raise CheckFailed(f"expected rows for fp32, fp16 and bf16, missing {missing}")
+    for precision, row in rows.items():
+        for key in ("samples_per_s", "peak_mem_bytes", "accuracy"):
+            value = row.get(key) if isinstance(row, dict) else None
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise CheckFailed(f"{precision}: expected a positive number for {key!r}, got {value!r}")
+        if row["accuracy"] <= 1:
+            raise CheckFailed(f"{precision}: expected accuracy in percent (0-100), got {row['accuracy']!r}")
+    base = rows["fp32"]
+    print(f"{'config':7s} {'samples/s':>10s} {'vs fp32':>8s} {'memory MB':>10s} {'vs fp32':>8s} {'accuracy':>9s} {'vs fp32':>8s}")
+    for precision, row in rows.items():
+        print(f"{precision:7s} {row['samples_per_s']:10,.0f} {row['samples_per_s'] / base['samples_per_s']:7.2f}x "
+              f"{row['peak_mem_bytes'] / 2**20:10.2f} {row['peak_mem_bytes'] / base['peak_mem_bytes']:7.2f}x "
+              f"{row['accuracy']:8.1f}% {row['accuracy'] - base['accuracy']:+7.1f}")
+    for precision in ("fp16", "bf16"):
+        gap = rows[precision]["accuracy"] - base["accuracy"]
+        if abs(gap) > 2.0:
+            raise CheckFailed(f"{precision}: accuracy {rows[precision]['accuracy']:.1f}% is {gap:+.1f} points from fp32's "
+                              f"{base['accuracy']:.1f}%; expected within 2 points (the textbook: 0.5 at convergence). "
+                              f"Same model, seed, data order and epochs for every config?")
+        if device == "cpu" and rows[precision]["peak_mem_bytes"] >= base["peak_mem_bytes"]:
+            raise CheckFailed(f"{precision}: expected fewer activation bytes than fp32 "
+                              f"({base['peak_mem_bytes']:,}), got {rows[precision]['peak_mem_bytes']:,}: "
+                              f"was the forward pass under autocast when you measured?")
+    speed = max(rows["fp16"]["samples_per_s"], rows["bf16"]["samples_per_s"]) / base["samples_per_s"]
+    print(f"\ntextbook: 1.5-3x faster on a GPU; here the faster AMP config ran {speed:.2f}x fp32 on {device}")
+    _passed("check_e6_1_table", "three complete rows; accuracies within 2 points of fp32"
+            + ("; less activation memory than fp32" if device == "cpu" else ""))

@@ -1,0 +1,207 @@
+"""E.6.1 as a command: fp32 vs fp16 + GradScaler vs bf16, each through torch.amp and through ampteach.
+
+    $ ampteach bench --device auto --epochs 2 --batch-size 512 --out course/results/my_gpu.json
+    from ampteach.bench import run_bench; rows = run_bench("cpu", epochs=1)["rows"]
+
+Each run trains the same model from the same seed on the dataset preloaded on the device, leaves
+the first warm-up steps out of the timing, and reports
+    samples_per_s = timed samples / timed seconds       (evaluation excluded; CUDA synchronised)
+    speedup_vs_fp32 = samples_per_s / samples_per_s of the same impl's fp32 run
+    peak_mem_bytes: on CUDA, torch.cuda.max_memory_allocated during training minus what was
+        allocated before (the dataset); on a CPU, the bytes autograd saved for backward in one
+        training batch, parameters excluded (`mem_measure` names which), since a CPU process has no
+        allocator peak to read. Both show what AMP halves: activations.
+The default model is a wide MLP (4096 x 3 on CUDA: big matmuls keep tensor cores busy; smaller on
+a CPU, where every fp16 op is emulated and slow).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .data import Preloaded, course_split, load_fashion_mnist, preload
+from .models import cnn, mlp
+from .seeding import seed_everything
+from .train import TrainConfig, autocast_for, train
+
+CONFIGS = ("fp32", "fp16", "bf16")
+IMPLS = ("torch", "ampteach")
+DEFAULT_MODEL = {"cuda": "mlp:4096,4096,4096", "cpu": "mlp:512,512"}
+CPU_MEASURE = "saved_for_backward_bytes: tensors autograd saved in one training batch, parameters excluded (CPU)"
+CUDA_MEASURE = "torch.cuda.max_memory_allocated during training, minus memory allocated before it (CUDA)"
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' -> cuda if torch sees a GPU, else cpu; 'cuda' without one is an error, not a silent fallback."""
+    if name not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"--device must be auto, cpu or cuda, got {name!r}")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda asked for a GPU, but torch.cuda.is_available() is False here "
+                           f"(torch {torch.__version__}); use --device cpu, or --device auto to take what there is")
+    return torch.device(name)
+
+
+def build_model(spec: str) -> nn.Module:
+    """'mlp:4096,4096' -> mlp(hidden=(4096, 4096)); 'cnn:32,64' -> cnn(channels=(32, 64))."""
+    kind, _, widths = spec.partition(":")
+    try:
+        sizes = tuple(int(w) for w in widths.split(",")) if widths else ()
+    except ValueError:
+        sizes = None
+    if kind not in ("mlp", "cnn") or sizes is None or not sizes:
+        raise ValueError(f"--model must look like 'mlp:4096,4096,4096' or 'cnn:32,64', got {spec!r}")
+    return mlp(sizes) if kind == "mlp" else cnn(sizes)
+
+
+def describe_device(device: torch.device) -> dict:
+    """What ran the benchmark, for the JSON and the table's title."""
+    from .doctor import cpu_info, cuda_info
+
+    cpu_name, flags = cpu_info()
+    info = {"type": device.type, "torch": torch.__version__, "python": platform.python_version(),
+            "cpu": cpu_name, "cpu_native_half": flags, "threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        info.update(cuda_info())
+    info["name"] = info.get("name") if device.type == "cuda" else cpu_name
+    return info
+
+
+def saved_activation_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str,
+                           impl: str = "torch") -> int:
+    """Bytes autograd keeps for backward during one forward + loss (each storage once, parameters excluded)."""
+    param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in param_storages:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with autocast_for(impl, x.device.type, precision):
+            loss = F.cross_entropy(model(x), y)
+    del loss
+    return sum(seen.values())
+
+
+def run_config(data: Preloaded, precision: str, impl: str, model_spec: str, epochs: int, batch_size: int,
+               warmup_steps: int = 20, seed: int = 0, lr: float = 1e-3, progress: bool = True) -> dict:
+    """Train one (impl, precision) configuration and return its row of the table."""
+    device = data.device
+    seed_everything(seed)
+    model = build_model(model_spec).to(device)
+    config = TrainConfig(precision=precision, impl=impl, epochs=epochs, batch_size=batch_size, lr=lr,
+                         seed=seed, warmup_steps=warmup_steps, record_steps=False, progress=progress)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    history = train(model, data, config)
+    if device.type == "cuda":
+        peak, measure = torch.cuda.max_memory_allocated() - before, CUDA_MEASURE
+    else:
+        xb, yb = data.train_x[:batch_size].clone(), data.train_y[:batch_size]  # own storage, not the dataset's
+        peak, measure = saved_activation_bytes(model, xb, yb, precision, impl), CPU_MEASURE
+    return {"impl": impl, "config": precision, "samples_per_s": history.samples_per_s, "peak_mem_bytes": int(peak),
+            "mem_measure": measure, "accuracy": history.final_accuracy, "train_seconds": history.train_seconds}
+
+
+def warm_up(data: Preloaded, configs, impls, model_spec: str, batch_size: int, seed: int = 0, steps: int = 10) -> None:
+    """A few untimed steps of every configuration first: a process's first runs pay one-time costs
+    (allocator growth, kernel selection) that per-run warm-up steps do not cover."""
+    n = min(len(data.train_x), steps * batch_size)
+    head = Preloaded(data.train_x[:n], data.train_y[:n], data.test_x[:batch_size], data.test_y[:batch_size],
+                     data.mean, data.std)
+    for impl in impls:
+        for precision in configs:
+            run_config(head, precision, impl, model_spec, 1, batch_size, warmup_steps=0, seed=seed, progress=False)
+
+
+def run_bench(device: str = "auto", epochs: int = 2, batch_size: int = 512, model: str | None = None,
+              configs: tuple[str, ...] = CONFIGS, impls: tuple[str, ...] = IMPLS, warmup_steps: int = 20,
+              seed: int = 0, progress: bool = True, data: Preloaded | None = None) -> dict:
+    """Every (impl, config) run on one device; returns {"device", "settings", "rows"}."""
+    dev = resolve_device(device)
+    bad = [c for c in configs if c not in CONFIGS] + [i for i in impls if i not in IMPLS]
+    if bad:
+        raise ValueError(f"unknown configs/impls {bad}: configs are {CONFIGS}, impls are {IMPLS}")
+    if dev.type == "cuda" and "bf16" in configs and not torch.cuda.is_bf16_supported():
+        configs = tuple(c for c in configs if c != "bf16")  # "bf16 where supported"
+    model = model or DEFAULT_MODEL[dev.type]
+    build_model(model)  # a bad --model fails before any data is loaded
+    data = data if data is not None else preload(course_split(load_fashion_mnist()), device=dev)
+    warm_up(data, configs, impls, model, batch_size, seed)
+    rows = [run_config(data, c, i, model, epochs, batch_size, warmup_steps, seed, progress=progress)
+            for i in impls for c in configs]
+    for row in rows:
+        base = next((r for r in rows if r["impl"] == row["impl"] and r["config"] == "fp32"), None)
+        row["speedup_vs_fp32"] = row["samples_per_s"] / base["samples_per_s"] if base else None
+    settings = {"model": model, "epochs": epochs, "batch_size": batch_size, "warmup_steps": warmup_steps,
+                "optimizer": "adamw", "lr": 1e-3, "seed": seed, "train_images": len(data.train_x),
+                "test_images": len(data.test_x)}
+    return {"device": describe_device(dev), "settings": settings, "rows": rows}
+
+
+def format_table(result: dict) -> str:
+    """The side-by-side table, plus ampteach's speed relative to torch's for each config."""
+    dev, s = result["device"], result["settings"]
+    lines = [f"{dev['name']} ({dev['type']}), torch {dev['torch']}, model {s['model']}, "
+             f"{s['epochs']} epoch(s) of {s['train_images']} images, batch {s['batch_size']}",
+             f"{'impl':9s} {'config':6s} {'samples/s':>11s} {'vs fp32':>8s} {'memory MB':>10s} {'accuracy':>9s}"]
+    for r in result["rows"]:
+        speedup = f"{r['speedup_vs_fp32']:.2f}x" if r["speedup_vs_fp32"] else "-"
+        lines.append(f"{r['impl']:9s} {r['config']:6s} {r['samples_per_s']:11,.0f} {speedup:>8s} "
+                     f"{r['peak_mem_bytes'] / 2**20:10.1f} {r['accuracy']:8.1f}%")
+    rows = {(r["impl"], r["config"]): r for r in result["rows"]}
+    ratios = [f"{c} {rows[('torch', c)]['samples_per_s'] / rows[('ampteach', c)]['samples_per_s']:.2f}x"
+              for c in CONFIGS if ("torch", c) in rows and ("ampteach", c) in rows]
+    if ratios:
+        lines.append("time per sample, ampteach / torch: " + ", ".join(ratios))
+    lines.append(f"memory: {result['rows'][0]['mem_measure']}")
+    return "\n".join(lines)
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "course" / "results"
+
+
+def load_results(folder: Path = RESULTS) -> list[dict]:
+    """The committed tables (course/results/*.json), GPU ones first."""
+    results = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))]
+    return sorted(results, key=lambda r: r["device"]["type"] != "cuda")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--model", default=None, help=f"e.g. mlp:4096,4096,4096 or cnn:32,64 (default {DEFAULT_MODEL})")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of fp32,fp16,bf16")
+    parser.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of torch,ampteach")
+    parser.add_argument("--warmup-steps", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=None, help="write the rows and the device description as JSON")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def run(args) -> int:
+    try:
+        result = run_bench(args.device, args.epochs, args.batch_size, args.model, tuple(args.configs.split(",")),
+                           tuple(args.impls.split(",")), args.warmup_steps, progress=not args.no_progress)
+    except (ValueError, RuntimeError) as exc:
+        print(f"ampteach bench: {exc}")
+        return 2
+    print(format_table(result))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return 0

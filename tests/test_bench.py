@@ -1,0 +1,79 @@
+"""`ampteach bench`, the E.6.1 harness: its JSON rows, its memory measure and its errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ampteach import bench, mlp
+
+ROW_KEYS = {"impl", "config", "samples_per_s", "peak_mem_bytes", "accuracy", "speedup_vs_fp32", "mem_measure"}
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "result.json"
+    cmd = [sys.executable, "-m", "ampteach", "bench", "--device", "cpu", "--epochs", "1", "--model", "mlp:64",
+           "--batch-size", "500", "--warmup-steps", "2", "--no-progress", "--out", str(out)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return json.loads(out.read_text()), run.stdout
+
+
+def test_json_has_a_row_per_impl_and_config_and_the_device(result):
+    data, stdout = result
+    assert data["device"]["type"] == "cpu" and data["device"]["torch"] == torch.__version__
+    assert {(r["impl"], r["config"]) for r in data["rows"]} == {(i, c) for i in bench.IMPLS for c in bench.CONFIGS}
+    for row in data["rows"]:
+        assert ROW_KEYS <= set(row)
+        assert row["samples_per_s"] > 0 and math.isfinite(row["samples_per_s"])
+        assert 0 <= row["accuracy"] <= 100 and row["peak_mem_bytes"] > 0
+    assert data["settings"]["model"] == "mlp:64" and data["settings"]["train_images"] == 7000
+    assert "samples/s" in stdout and "ampteach / torch" in stdout
+
+
+def test_rows_are_consistent(result):
+    rows = {(r["impl"], r["config"]): r for r in result[0]["rows"]}
+    for impl in bench.IMPLS:
+        fp32 = rows[(impl, "fp32")]
+        assert fp32["speedup_vs_fp32"] == 1.0
+        for config in ("fp16", "bf16"):
+            row = rows[(impl, config)]
+            assert row["speedup_vs_fp32"] == pytest.approx(row["samples_per_s"] / fp32["samples_per_s"])
+            assert row["peak_mem_bytes"] < fp32["peak_mem_bytes"]  # half-precision activations
+            assert abs(row["accuracy"] - fp32["accuracy"]) < 3.0
+        assert fp32["accuracy"] > 60  # one epoch learns something: not chance (10%)
+    # fp32 runs no autocast at all, so both implementations compute the same thing
+    assert rows[("torch", "fp32")]["accuracy"] == rows[("ampteach", "fp32")]["accuracy"]
+
+
+def test_cpu_memory_measure_counts_saved_activations_not_parameters():
+    torch.manual_seed(0)
+    model = mlp((8,))
+    x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
+    fp32 = bench.saved_activation_bytes(model, x, y, "fp32")
+    # at least: the input (saved by the first matmul), the ReLU output, log_softmax's output
+    known = x.numel() * 4 + 4 * 8 * 4 + 4 * 10 * 4
+    assert known <= fp32 <= known + 64  # plus the int64 targets and a scalar for nll_loss
+    wide = mlp((4096,))  # 250x the parameters, same activations per sample up to the hidden width
+    assert bench.saved_activation_bytes(wide, x, y, "fp32") < x.numel() * 4 + 4 * 4096 * 4 * 2 + 1024
+    bf16 = bench.saved_activation_bytes(model, x, y, "bf16")
+    assert bf16 < fp32 * 0.6  # the input cast to bf16 is saved instead of the fp32 input
+
+
+def test_errors_say_what_to_do():
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="use --device cpu"):
+            bench.resolve_device("cuda")
+        run = subprocess.run([sys.executable, "-m", "ampteach", "bench", "--device", "cuda"],
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2 and "torch.cuda.is_available() is False" in run.stdout
+    with pytest.raises(ValueError, match="mlp:4096"):
+        bench.build_model("resnet50")
+    with pytest.raises(ValueError, match="unknown configs"):
+        bench.run_bench("cpu", configs=("fp8",))
