@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data import Preloaded, course_split, load_fashion_mnist, preload
+from .memory import measure_step
 from .models import cnn, mlp
 from .seeding import seed_everything
 from .train import TrainConfig, autocast_for, train
@@ -76,21 +77,13 @@ def describe_device(device: torch.device) -> dict:
 
 def saved_activation_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str,
                            impl: str = "torch") -> int:
-    """Bytes autograd keeps for backward during one forward + loss (each storage once, parameters excluded)."""
-    param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in param_storages:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    """Bytes autograd keeps for backward during one forward + loss (parameters excluded): the CPU's
+    memory measure, counted by ampteach.memory.measure_step."""
+    def forward_and_loss() -> torch.Tensor:
         with autocast_for(impl, x.device.type, precision):
-            loss = F.cross_entropy(model(x), y)
-    del loss
-    return sum(seen.values())
+            return F.cross_entropy(model(x), y)
+
+    return measure_step(forward_and_loss, model, device=x.device).saved
 
 
 def run_config(data: Preloaded, precision: str, impl: str, model_spec: str, epochs: int, batch_size: int,
