@@ -219,7 +219,7 @@ def encode(value: float, fmt: FloatFormat | str) -> int:
 
 
 def round_to_bf16(x: Tensor) -> Tensor:
-    """round_to_bf16(x) == x.to(torch.bfloat16).float(), bit for bit: float32 -> bf16 -> float32.
+    """round_to_bf16(x) == x.to(torch.bfloat16).float() bit for bit (any NaN for NaN); = round_to_format(x, "bf16").
 
     bf16 is the top 16 bits of fp32, so: drop the low 16 bits, rounding to nearest, ties to even.
     """
@@ -253,35 +253,45 @@ _CHUNK = 2**20
 
 
 def _round_bits(bits: Tensor, fmt: FloatFormat) -> Tensor:
-    """round_to_format on float32 bits (int32): fmt's value of each, as float32 bits."""
+    """round_to_format on float32 bits (int32): fmt's value of each, as float32 bits.
+
+    Temporaries are updated in place (+=, &=, ...): every new tensor is a trip to the allocator.
+    """
     magnitude = bits & _MAG32
-    keep_all = 23 - fmt.man_bits                       # mantissa bits fmt cannot hold
+    is_nan = magnitude > _INF32                        # exponent all ones, mantissa not 0
+    drop_normal = 23 - fmt.man_bits                    # float32 mantissa bits a normal number of fmt lacks
     if fmt.emin == -126:
         # float32's exponent range (bf16, tf32): the same step everywhere, even for float32's own
         # subnormals; a carry out of the mantissa moves to the next binade (and past max to inf).
-        out = _round_half_even(magnitude, keep_all)
+        out = _round_half_even_(magnitude, drop_normal)
     else:
         # |x| = base + significand, significand = 1.m * 2^23 (0.m for float32 subnormals, which
         # scale like exponent field 1). Round the significand, add base back: a carry to 2^24 moves
         # to the next binade. Below fmt's smallest normal exponent, drop one more bit per binade;
-        # 25 drops even the leading 1 (all of it rounds to 0, hence the clamp).
-        exponent = (magnitude >> 23).clamp(min=1)
-        base = (exponent - 1) << 23
-        drop = (keep_all + fmt.emin + 127 - exponent).clamp(keep_all, 25)
-        rounded = _round_half_even(magnitude - base, drop)
-        out = (base + rounded).masked_fill_(rounded == 0, 0)
+        # at 25 even the leading 1 is gone and everything rounds to 0 (hence the clamp).
+        exponent = (magnitude >> 23).clamp_(min=1)
+        drop = (drop_normal + fmt.emin + 127 - exponent).clamp_(drop_normal, 25)
+        base = exponent.sub_(1).bitwise_left_shift_(23)
+        out = _round_half_even_(magnitude.sub_(base), drop)
+        nonzero = out != 0                             # rounded to 0: stays 0, base is not added back
+        out += base
+        out *= nonzero
     max32 = _bits32(fmt.max_code, fmt)
     out.masked_fill_(out > max32, {"inf": _INF32, "saturate": max32, "nan": _nan32(fmt)}[fmt.overflow])
-    out.masked_fill_(magnitude > _INF32, _nan32(fmt))   # NaN stays NaN (fmt's quiet NaN)
-    return out | (bits & _SIGN32)
+    out.masked_fill_(is_nan, _nan32(fmt))              # NaN stays NaN (fmt's quiet NaN)
+    out |= bits & _SIGN32
+    return out
 
 
-def _round_half_even(v: Tensor, drop: int | Tensor) -> Tensor:
-    """v (int32, >= 0) rounded to the nearest multiple of 2^drop, ties to the even multiple."""
+def _round_half_even_(v: Tensor, drop: int | Tensor) -> Tensor:
+    """Round v (int32, >= 0) in place to the nearest multiple of 2^drop, ties to the even multiple."""
     step = 1 << drop
-    lowest_kept = (v >> drop) & 1
-    increment = (lowest_kept + (step - 1)) >> 1          # half a step, less 1 unless the kept part is odd
-    return (v + increment) & -step                       # -step == ~(step - 1): clears the dropped bits
+    increment = (v >> drop) & 1                         # the lowest kept bit: 1 if the kept part is odd
+    increment += step - 1
+    increment >>= 1                                     # half a step, less 1 unless the kept part is odd
+    v += increment
+    v &= -step                                          # -step == ~(step - 1): clears the dropped bits
+    return v
 
 
 def _bits32(code: int, fmt: FloatFormat) -> int:

@@ -299,12 +299,13 @@ def test_tf32_against_the_reference_at_ties_and_on_a_million_values(million_valu
 
 
 def test_fp32_is_left_alone(million_values):
-    assert_same_floats(round_to_format(million_values, "fp32"), million_values)
+    x = million_values[: 2**18]
+    assert_same_floats(round_to_format(x, "fp32"), x)
 
 
 def test_custom_format_against_the_reference(million_values):
     """The code is not specialised to the six formats: a 6-bit IEEE-style toy and e4m3fn's NaN rule."""
-    x = torch.cat([million_values[: 2**16], edge_cases()])
+    x = torch.cat([million_values[: 2**14], edge_cases()])
     for fmt in (FloatFormat("toy_e3m2", 3, 2), FloatFormat("toy_e3m2_sat", 3, 2, overflow="saturate"),
                 replace(FORMATS["fp8_e4m3"], overflow="nan"), FloatFormat("e6m9", 6, 9)):
         assert_same_floats(round_to_format(x, fmt), reference_round(x, fmt), x)
