@@ -31,6 +31,7 @@ gives the rule of the installed (or a named) torch version, and overflow="nan" t
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass, replace
 
@@ -158,6 +159,19 @@ def as_format(fmt: FloatFormat | str) -> FloatFormat:
     raise ValueError(f"unknown format {fmt!r}: use one of {list(FORMATS)} or a FloatFormat")
 
 
+def _check_bits(bits: int, fmt: FloatFormat) -> int:
+    if not (isinstance(bits, numbers.Integral) and 0 <= bits < 2**fmt.bits):
+        raise ValueError(f"{fmt.name} bit patterns are ints in [0, 2^{fmt.bits}), got {bits!r}; "
+                         f"for a negative number set the sign bit: bits | (1 << {fmt.bits - 1})")
+    return int(bits)
+
+
+def _check_float32(x: Tensor, fn: str) -> None:
+    if not isinstance(x, Tensor) or x.dtype != torch.float32:
+        got = x.dtype if isinstance(x, Tensor) else type(x).__name__
+        raise TypeError(f"{fn} takes a float32 tensor, got {got}: pass torch.as_tensor(x, dtype=torch.float32)")
+
+
 def like_torch(fmt: FloatFormat | str, version: str | None = None) -> FloatFormat:
     """fmt with the overflow rule torch's CPU cast uses in `version` (default: the installed torch).
 
@@ -177,8 +191,7 @@ def decode(bits: int, fmt: FloatFormat | str) -> float:
     value = (-1)^s * 2^(e - bias) * (1 + m / 2^M), or (-1)^s * 2^(1 - bias) * (m / 2^M) when e = 0
     """
     fmt = as_format(fmt)
-    if not (isinstance(bits, int) and 0 <= bits < 2**fmt.bits):
-        raise ValueError(f"{fmt.name} bit patterns are ints in [0, 2^{fmt.bits}), got {bits!r}")
+    bits = _check_bits(bits, fmt)
     M, top = fmt.man_bits, 2**fmt.exp_bits - 1
     sign = -1.0 if bits >> (fmt.bits - 1) else 1.0
     exponent = (bits >> M) & top
@@ -223,6 +236,7 @@ def round_to_bf16(x: Tensor) -> Tensor:
 
     bf16 is the top 16 bits of fp32, so: drop the low 16 bits, rounding to nearest, ties to even.
     """
+    _check_float32(x, "round_to_bf16")
     bits = x.view(torch.int32)
     lowest_kept = (bits >> 16) & 1                     # 1 if the kept part is odd: then a tie rounds up
     rounded = (bits + 0x7FFF + lowest_kept) & ~0xFFFF   # above half a step carries into bit 16; a carry out of
@@ -237,9 +251,7 @@ def round_to_format(x: Tensor, fmt: FloatFormat | str) -> Tensor:
     binade below fmt.min_normal (subnormals: the spacing stops shrinking there); then fmt.overflow.
     """
     fmt = as_format(fmt)
-    if not isinstance(x, Tensor) or x.dtype != torch.float32:
-        got = x.dtype if isinstance(x, Tensor) else type(x).__name__
-        raise TypeError(f"round_to_format takes a float32 tensor, got {got}: pass torch.as_tensor(x, dtype=torch.float32)")
+    _check_float32(x, "round_to_format")
     x = x.contiguous()
     out = torch.empty_like(x)
     # Pieces of 1M values: each of _round_bits' ~25 steps is a pass over its input, and passes over
@@ -339,9 +351,7 @@ def grid_near(value: float, fmt: FloatFormat | str, k: int = 2) -> list[float]:
 def bit_string(bits: int, fmt: FloatFormat | str) -> str:
     """bit_string(0x3C00, "fp16") -> '0 01111 0000000000': sign, exponent and mantissa fields."""
     fmt = as_format(fmt)
-    if not (isinstance(bits, int) and 0 <= bits < 2**fmt.bits):
-        raise ValueError(f"{fmt.name} bit patterns are ints in [0, 2^{fmt.bits}), got {bits!r}")
-    s = format(bits, f"0{fmt.bits}b")
+    s = format(_check_bits(bits, fmt), f"0{fmt.bits}b")
     return f"{s[0]} {s[1:1 + fmt.exp_bits]} {s[1 + fmt.exp_bits:]}"
 
 

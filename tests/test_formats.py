@@ -167,6 +167,9 @@ def test_bad_formats_and_inputs_raise_with_advice():
         decode(2**16, "fp16")
     with pytest.raises(TypeError, match="float32 tensor, got torch.float64"):
         round_to_format(torch.ones(3, dtype=torch.float64), "fp16")
+    with pytest.raises(TypeError, match="round_to_bf16 takes a float32 tensor, got list"):
+        round_to_bf16([1.0])
+    assert decode(np.uint16(0x3C00), "fp16") == 1.0 == decode(torch.tensor(0x3C00).item(), "fp16")
 
 
 # --- decode and encode, every bit pattern ----------------------------------------------------------
