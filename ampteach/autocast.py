@@ -297,17 +297,22 @@ class _AutocastMode(OpWatcher):
 
 
 def _widest(op: str, device_type: str, low: torch.dtype, args: tuple, kwargs: dict) -> torch.dtype:
-    """promote: float32 if any eligible input is float32, else the region's dtype (float64 ignored)."""
+    """promote: float32 once any eligible input is float32, else the region's dtype (float64 ignored).
+
+    Inputs are taken in order, as torch does: a float16 input in a bfloat16 region is an error
+    unless a float32 input came before it.
+    """
     to = low
     for t in _tensors(args, kwargs):
-        if _eligible(t, device_type):
-            if t.dtype is torch.float32:
-                to = torch.float32
-            elif t.dtype is not low:
-                raise RuntimeError(
-                    f"{op} (promote policy) got a {t.dtype} input inside a {low} autocast region "
-                    f"(torch.autocast raises 'Unexpected floating ScalarType in at::autocast::prioritize' "
-                    f"here too). Cast that input to {low} or torch.float32 before calling {op}.")
+        if not _eligible(t, device_type):
+            continue
+        if to is torch.float32 or t.dtype is torch.float32:
+            to = torch.float32
+        elif t.dtype is not low:
+            raise RuntimeError(
+                f"{op} (promote policy) got a {t.dtype} input inside a {low} autocast region "
+                f"(torch.autocast raises 'Unexpected floating ScalarType in at::autocast::prioritize' "
+                f"here too). Cast that input to {low} or torch.float32 before calling {op}.")
     return to
 
 

@@ -262,6 +262,15 @@ COMPOSITES: dict[str, dict[str, Composite]] = {
 }
 
 
+# Ops whose C++ body casts part of its work while the op itself keeps its dtype: torch.autocast runs
+# the gate matmuls of these CPU RNN cells in the lower dtype (they call linear, which is listed) and
+# returns float32 outputs for float32 state. ampteach.autocast cannot reach inside C++, so it runs
+# them wholly in float32: the same output dtypes, different rounding inside.
+PARTIAL_COMPOSITES: dict[tuple[str, str], str] = {
+    ("cpu", cell): "lower_precision_fp" for cell in ("lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell")
+}
+
+
 @dataclass(frozen=True)
 class VersionDifference:
     """An op whose policy is different in another torch version than in TORCH_VERSION."""
@@ -410,7 +419,7 @@ ENTRY_POINTS: dict[str, str] = {
     "torch.nn.functional.rms_norm": "rms_norm", "torch.norm": "linalg_vector_norm",
     "torch.Tensor.norm": "linalg_vector_norm", "torch.linalg.vector_norm": "linalg_vector_norm",
     # losses
-    "torch.nn.functional.cross_entropy": "cross_entropy_loss", "torch.nn.functional.nll_loss": "nll_loss",
+    "torch.nn.functional.cross_entropy": "cross_entropy_loss", "torch.nn.functional.nll_loss": "nll_loss_nd",
     "torch.nn.functional.mse_loss": "mse_loss", "torch.nn.functional.l1_loss": "l1_loss",
     "torch.nn.functional.binary_cross_entropy": "binary_cross_entropy",
     "torch.nn.functional.binary_cross_entropy_with_logits": "binary_cross_entropy_with_logits",
