@@ -53,11 +53,14 @@ _EXPORTS = {
     "autocast": "autocast",
     "custom_fwd": "autocast",
     "custom_bwd": "autocast",
+    # lesson 5: recipes, checkpoints, scale-out
+    "save_checkpoint": "checkpoint",
+    "load_checkpoint": "checkpoint",
 }
 
 _SUBMODULES = (
-    "autocast", "bench", "cast_lists", "checks", "cli", "data", "doctor", "formats", "grade",
-    "master", "memory", "models", "reference", "scaler", "seeding", "train",
+    "autocast", "bench", "cast_lists", "checkpoint", "checks", "cli", "data", "distributed", "doctor",
+    "formats", "grade", "master", "memory", "models", "reference", "scaler", "seeding", "train",
 )
 
 __all__ = sorted(_EXPORTS)

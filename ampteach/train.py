@@ -29,8 +29,10 @@ steps fp32 master copies (ampteach.MasterWeights), adding two lines to the same 
 
 from __future__ import annotations
 
+import itertools
+import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable, NamedTuple
 
 import torch
@@ -268,14 +270,24 @@ def prepare(model: nn.Module, config: TrainConfig, *, optimizer: torch.optim.Opt
 def train(model: nn.Module, data: Preloaded, config: TrainConfig | None = None, *,
           optimizer: torch.optim.Optimizer | None = None,
           after_backward: Callable[[int, nn.Module], None] | None = None,
-          master: MasterWeights | None = None) -> History:
+          master: MasterWeights | None = None,
+          checkpoint_path: str | os.PathLike | None = None, checkpoint_every: int | None = None,
+          resume_from: str | os.PathLike | None = None) -> History:
     """Train model on data.train_* for config.epochs and return its History.
 
     after_backward(step, model) runs after backward and before unscale_/step: the place to look at
     (or, in the fault-injection tests, break) the gradients.
     Recipes "master" and "half" cast model to half in place; see prepare() for optimizer and master.
+    checkpoint_path, checkpoint_every: write an ampteach.checkpoint there every checkpoint_every steps
+    (when a step ends an epoch, after that epoch's evaluation). resume_from: such a checkpoint; give a
+    freshly built model (and optimizer/master if you passed them before) and the same config (epochs
+    may grow): weights, optimizer, scaler, step and History come back and training goes on from the
+    next batch, ending bit-identical to the run that was never interrupted.
     """
     config = config or TrainConfig()
+    if (checkpoint_path is None) != (checkpoint_every is None) or (checkpoint_every is not None and checkpoint_every < 1):
+        raise ValueError(f"checkpointing needs both checkpoint_path and checkpoint_every >= 1 (steps between "
+                         f"checkpoints), got checkpoint_path={checkpoint_path!r}, checkpoint_every={checkpoint_every!r}")
     device = data.device
     model.to(device)
     model.train()
@@ -284,11 +296,26 @@ def train(model: nn.Module, data: Preloaded, config: TrainConfig | None = None, 
 
     n_batches = -(-len(data.train_x) // config.batch_size)
     total_steps = config.epochs * n_batches
+    step, loss_sum = 0, torch.zeros((), device=device)
+    if resume_from is not None:
+        step, history, loss_sum = _resume(resume_from, model, opt, scaler, master, config)
+
+    def save_due_checkpoint() -> None:
+        if checkpoint_every is not None and step % checkpoint_every == 0:
+            from .checkpoint import save_checkpoint
+
+            save_checkpoint(checkpoint_path, model, opt, scaler, master=master, step=step, history=history,
+                            extra={"epoch_loss_sum": loss_sum})
+
     bar = _progress(total_steps, config)
-    step, timed_samples, timed_seconds, t0 = 0, 0, 0.0, None
-    for epoch in range(config.epochs):
-        loss_sum = torch.zeros((), device=device)
-        for x, y in data.batches(config.batch_size, shuffle=True, seed=config.seed + epoch):
+    bar.update(step)
+    timed_samples, timed_seconds, t0 = 0, 0.0, None
+    if step > config.warmup_steps:  # resumed past the warm-up: time from here
+        t0 = time.perf_counter()
+    for epoch in range(step // n_batches, config.epochs):
+        done = step - epoch * n_batches  # batches of this epoch done before a resume (the order is seeded per epoch)
+        batches = data.batches(config.batch_size, shuffle=True, seed=config.seed + epoch)
+        for x, y in itertools.islice(batches, done, None):
             if step == config.warmup_steps:
                 _sync(device)
                 t0 = time.perf_counter()
@@ -303,12 +330,16 @@ def train(model: nn.Module, data: Preloaded, config: TrainConfig | None = None, 
             if t0 is not None:
                 timed_samples += len(x)
             bar.update(1)
+            if step % n_batches:
+                save_due_checkpoint()
         if t0 is not None:
             _sync(device)
             timed_seconds += time.perf_counter() - t0
         history.epoch_loss.append(loss_sum.item() / n_batches)
         history.test_accuracy.append(evaluate(model, data, config.autocast_precision, config.impl))
         bar.set_postfix(loss=f"{history.epoch_loss[-1]:.3f}", acc=f"{history.test_accuracy[-1]:.1f}%")
+        loss_sum = torch.zeros((), device=device)
+        save_due_checkpoint()
         if epoch + 1 < config.epochs and step >= config.warmup_steps:
             _sync(device)
             t0 = time.perf_counter()
@@ -317,6 +348,30 @@ def train(model: nn.Module, data: Preloaded, config: TrainConfig | None = None, 
     if timed_seconds > 0:
         history.samples_per_s = timed_samples / timed_seconds
     return history
+
+
+# What a resumed run may change: display, length and when timing starts; all else decides the numbers.
+_RESUMABLE_CHANGES = ("progress", "epochs", "warmup_steps")
+
+
+def _resume(path, model: nn.Module, opt, scaler, master: MasterWeights | None, config: TrainConfig):
+    """Load a train() checkpoint into the prepared objects; return its step, History and partial epoch loss."""
+    from .checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(path, model, opt, scaler, master=master, map_location=next(model.parameters()).device)
+    if ckpt.history is None or "epoch_loss_sum" not in ckpt.extra:
+        raise ValueError(f"{os.fspath(path)!r} was not written by train(checkpoint_path=...): it has no History "
+                         f"or loop state to go on from; use ampteach.load_checkpoint to restore it by hand")
+    saved, given = asdict(ckpt.history.config), asdict(config)
+    changed = [k for k in given if k not in _RESUMABLE_CHANGES and saved.get(k) != given[k]]
+    if changed:
+        was = ", ".join(f"{k}={saved.get(k)!r}" for k in changed)
+        now = ", ".join(f"{k}={given[k]!r}" for k in changed)
+        raise ValueError(f"resume_from: the checkpoint's run had {was} but you passed {now}; resume with the "
+                         f"config it was written with (only {', '.join(_RESUMABLE_CHANGES)} may change)")
+    history = ckpt.history
+    history.config = config
+    return ckpt.step, history, ckpt.extra["epoch_loss_sum"]
 
 
 def _was_skipped(scaler, scale_before: float) -> bool:
