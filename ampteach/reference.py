@@ -74,9 +74,11 @@ def torch_autocast(device_type: str, dtype: torch.dtype) -> Iterator[None]:
             yield
 
 
-def device_context(device_type: str) -> contextlib.AbstractContextManager:
-    """Real tensors on a CPU or a GPU; fake CUDA tensors when CUDA is asked for and absent."""
-    return fake_cuda() if device_type == "cuda" and not has_cuda() else contextlib.nullcontext()
+def device_context(device_type: str, fake: bool | None = None) -> contextlib.AbstractContextManager:
+    """Real tensors on a CPU or a GPU; fake CUDA tensors when CUDA is asked for and absent (or fake=True)."""
+    if fake is None:
+        fake = device_type == "cuda" and not has_cuda()
+    return fake_cuda() if fake else contextlib.nullcontext()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -147,6 +149,15 @@ def _case_list() -> list[OpCase]:
             "F.scaled_dot_product_attention": lambda d, t: F.scaled_dot_product_attention(
                 r(d, t, 1, 2, 4, 8), r(d, t, 1, 2, 4, 8), r(d, t, 1, 2, 4, 8)),
             "F.multi_head_attention_forward": _mha,
+        },
+        "pooling and padding": {
+            "F.max_pool2d": lambda d, t: F.max_pool2d(r(d, t, 1, 1, 4, 4), 2),
+            "F.max_pool3d": lambda d, t: F.max_pool3d(r(d, t, 1, 1, 4, 4, 4), 2),
+            "F.max_pool3d(return_indices=True)": lambda d, t: F.max_pool3d(r(d, t, 1, 1, 4, 4, 4), 2, return_indices=True)[0],
+            "F.avg_pool3d": lambda d, t: F.avg_pool3d(r(d, t, 1, 1, 4, 4, 4), 2),
+            "F.pad(mode='reflect')": lambda d, t: F.pad(r(d, t, 1, 2, 4, 4), (1, 1, 1, 1), mode="reflect"),
+            "F.pad(mode='constant')": lambda d, t: F.pad(r(d, t, 1, 2, 4, 4), (1, 1, 1, 1)),
+            "F.interpolate(mode='bilinear')": lambda d, t: F.interpolate(r(d, t, 1, 1, 4, 4), scale_factor=2, mode="bilinear"),
         },
         "norm": {
             "F.layer_norm": lambda d, t: F.layer_norm(r(d, t, 2, 8), (8,), r(d, f32, 8), r(d, f32, 8)),
@@ -269,16 +280,16 @@ class Agreement:
 
 
 def op_agreement(device_type: str, dtype: torch.dtype | None = None, cases: Iterable[OpCase] = OP_CASES,
-                 input_dtypes: Iterable[torch.dtype] | None = None) -> list[Agreement]:
+                 input_dtypes: Iterable[torch.dtype] | None = None, fake: bool | None = None) -> list[Agreement]:
     """Every case under torch.autocast and under ampteach.autocast, once per input dtype (fp32, lower).
 
-    CUDA without a GPU runs on fake CUDA tensors. Rows agree when both give the same dtype, or both
-    raise (error messages are worded differently: ampteach's say what to do instead).
+    CUDA without a GPU (or with fake=True) runs on fake CUDA tensors. Rows agree when both give the
+    same dtype, or both raise (the messages differ: ampteach's say what to do instead).
     """
     dtype = dtype or LOWER[device_type]
     input_dtypes = tuple(input_dtypes or (torch.float32, dtype))
     rows = []
-    with device_context(device_type):
+    with device_context(device_type, fake):
         for case in cases:
             for input_dtype in input_dtypes:
                 ours = run_case(case, device_type, input_dtype, autocast(device_type, dtype=dtype))
