@@ -83,3 +83,4 @@ def __dir__() -> list[str]:
 # A function named like its own module must be bound now: importing the submodule (which any other
 # module may do) sets the package attribute to the module, and __getattr__ is then never asked.
 from .train import train  # noqa: E402
+from .autocast import autocast  # noqa: E402
