@@ -81,7 +81,7 @@ class _State(threading.local):
         self.nesting = 0
         self.cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # id(fp32 leaf) -> (leaf, its cast)
         self.recorders: list[list[CastRecord]] = []
-        self.mode: _AutocastMode | None = None   # on the torch function mode stack while any region is enabled
+        self.mode: AutocastMode | None = None   # on the torch function mode stack while any region is enabled
 
 
 _state = _State()
@@ -256,7 +256,7 @@ class OpWatcher(TorchFunctionMode):
             self._running.discard(target)
 
 
-class _AutocastMode(OpWatcher):
+class AutocastMode(OpWatcher):
     """The mode behind every ampteach.autocast region of one thread; policies live in `handle`."""
 
     def device_enabled(self, device_type: str) -> bool:
@@ -389,7 +389,7 @@ class autocast:
         state = _state
         pushed = False
         if self._enabled and state.mode is None:
-            state.mode = _AutocastMode()
+            state.mode = AutocastMode()
             state.mode.__enter__()
             pushed = True
         self._saved.append((state.enabled[self.device], state.dtype[self.device], state.cache_enabled, pushed))
