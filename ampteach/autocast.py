@@ -24,6 +24,18 @@ same dtypes op by op, and bit-identical outputs and gradients for the course's m
 
 Unlike torch.autocast("cuda"), this one does not switch itself off without a GPU, so its CUDA lists
 can be exercised on a CPU with fake CUDA tensors (torch._subclasses.fake_tensor.FakeTensorMode).
+
+How calls map to ops: a C++ binding (torch.mm, Tensor.exp, F.linear, torch.ops.aten.mm) names its
+aten op; a Python-level function (F.cross_entropy, torch.norm, F.multi_head_attention_forward) runs
+its own body under the mode, so the ops it calls are cast one by one; a C++ composite outside the
+lists (CUDA cross_entropy_loss, CPU einsum) takes the policy cast_lists.COMPOSITES gives it.
+
+Known differences from torch.autocast, all from C++ code a Python mode cannot enter: CPU RNN cells
+(lstm_cell, ...) cast their gate matmuls inside in torch, not here (same output dtypes:
+cast_lists.PARTIAL_COMPOSITES); CPU linalg.pinv computes in fp32 then multiplies in bf16 in torch,
+here all in fp32; an fp16 nn.LSTM on CPU fails in torch's oneDNN kernel and runs here; and
+inference fast paths (nn.TransformerEncoderLayer / nn.MultiheadAttention in eval mode without grad)
+switch themselves off while any torch function mode is active, so they take the ordinary path.
 """
 
 from __future__ import annotations
@@ -38,7 +50,7 @@ from typing import Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .cast_lists import BUILTIN_OPS, COMPOSITES, DEVICE_TYPES, policies
+from .cast_lists import BUILTIN_OPS, COMPOSITES, DEVICE_TYPES, base_name, policies, registered
 
 DEFAULT_DTYPES = {"cpu": torch.bfloat16, "cuda": torch.float16}
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
@@ -168,6 +180,18 @@ def _tensors(args: tuple, kwargs: dict):
                     yield item
 
 
+def _aten_op(func: Any) -> str | None:
+    """torch.ops.aten.mm -> 'mm'; torch.ops.aten.softmax.int -> 'softmax.int'; anything else -> None."""
+    if isinstance(func, torch._ops.OpOverload):
+        namespace, _, name = func._schema.name.partition("::")
+        overload = func._overloadname
+        return None if namespace != "aten" else name if overload == "default" else f"{name}.{overload}"
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        namespace, _, name = func._qualified_op_name.partition("::")
+        return name if namespace == "aten" else None
+    return None
+
+
 def _first_output_dtype(out: Any) -> torch.dtype | None:
     if isinstance(out, torch.Tensor):
         return out.dtype
@@ -214,7 +238,9 @@ class OpWatcher(TorchFunctionMode):
         if op is None:
             if type(func) is types.FunctionType:
                 return self._run_body(func, args, kwargs)
-            return func(*args, **kwargs)
+            op = _aten_op(func)
+            if op is None:
+                return func(*args, **kwargs)
         if kwargs.get("out") is not None:          # out= variants are not autocast
             return func(*args, **kwargs)
         device_type = self._device_of(args, kwargs)
@@ -223,7 +249,9 @@ class OpWatcher(TorchFunctionMode):
         policy = self._policy(op, device_type, args, kwargs)
         if policy is None:
             return func(*args, **kwargs)
-        return self.handle(op, policy, device_type, func, args, kwargs)
+        if policy == "fp32_append_dtype" and isinstance(func, torch._ops.OpOverload):
+            func = func.overloadpacket              # norm.Scalar has no dtype: let torch pick norm.ScalarOpt_dtype
+        return self.handle(base_name(op), policy, device_type, func, args, kwargs)
 
     def _device_of(self, args: tuple, kwargs: dict) -> str | None:
         """The region device an op belongs to: CUDA if it has a CUDA tensor and CUDA is on, else CPU."""
@@ -237,9 +265,13 @@ class OpWatcher(TorchFunctionMode):
         return "cpu" if has_cpu and self.device_enabled("cpu") else None
 
     def _policy(self, op: str, device_type: str, args: tuple, kwargs: dict) -> str | None:
-        policy = self._policies[device_type].get(op)
-        if policy is None:
-            composite = COMPOSITES[device_type].get(op)
+        """op is a base name ('mm'), or 'name.overload' for a torch.ops.aten overload called directly."""
+        name = base_name(op)
+        if "." in op and op not in registered(device_type):   # an overload torch does not autocast (e.g. .out)
+            return None
+        policy = self._policies[device_type].get(name)
+        if policy is None and "." not in op:
+            composite = COMPOSITES[device_type].get(name)
             if composite is not None and (composite.applies is None or composite.applies(args, kwargs)):
                 policy = composite.policy
         return policy

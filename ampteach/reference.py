@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from .autocast import CastRecord, OpWatcher, autocast
-from .cast_lists import DEVICE_TYPES
 
 LOWER = {"cpu": torch.bfloat16, "cuda": torch.float16}
 
@@ -235,6 +234,11 @@ def _case_list() -> list[OpCase]:
             "torch.exp(x, out=y)": lambda d, t: _out(d, t, torch.exp, r(d, t, 8)),
             "torch.sum(x, 0, out=y)": lambda d, t: _out(d, t, torch.sum, r(d, t, 4, 4), 0),
         },
+        "torch.ops.aten": {
+            "torch.ops.aten.mm": lambda d, t: torch.ops.aten.mm(r(d, t, 4, 4), r(d, t, 4, 4)),
+            "torch.ops.aten.softmax.int": lambda d, t: torch.ops.aten.softmax.int(r(d, t, 4, 4), 1),
+            "torch.ops.aten.mm.out": lambda d, t: _out(d, t, torch.ops.aten.mm.out, r(d, t, 4, 4), r(d, t, 4, 4)),
+        },
         "in-place": {
             "x.exp_()": lambda d, t: _inplace(r(d, t, 8), "exp_"),
             "x.log_()": lambda d, t: _inplace(r(d, t, 8), "log_"),
@@ -393,7 +397,7 @@ def _max_diff(a: Iterable[torch.Tensor], b: Iterable[torch.Tensor]) -> float:
 
 def compare_training(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
                      precision: str = "fp16", steps: int = 5, device: str | None = None,
-                     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
+                     make_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
                      init_scale: float = 2.0**16, growth_interval: int = 2000) -> ReferenceReport:
     """Train two copies of `model` for `steps` batches: torch.autocast + torch.amp.GradScaler vs ampteach's.
 
@@ -408,7 +412,7 @@ def compare_training(model: nn.Module, batches: Iterable[tuple[torch.Tensor, tor
     if precision not in ("fp16", "bf16"):
         raise ValueError(f"precision must be 'fp16' or 'bf16' (fp32 has no autocast to compare), got {precision!r}")
     dtype = torch.float16 if precision == "fp16" else torch.bfloat16
-    make_opt = optimizer or (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9))
+    make_opt = make_optimizer or (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9))
     models = [copy.deepcopy(model).to(device_type), copy.deepcopy(model).to(device_type)]
     opts = [make_opt(m.parameters()) for m in models]
     scaling = dict(init_scale=init_scale, growth_interval=growth_interval, enabled=precision == "fp16")
@@ -461,8 +465,3 @@ def agreement_rows(rows: list[Agreement]) -> list[list[object]]:
     """op_agreement rows as table cells: family, call, input, torch, ampteach, agree."""
     return [[r.family, r.label, str(r.input_dtype).removeprefix("torch."), r.torch_result, r.ampteach_result,
              "yes" if r.agree else "NO"] for r in rows]
-
-
-__all__ = ["DEVICE_TYPES", "OP_CASES", "OpCase", "Agreement", "ReferenceReport", "StepRecord",
-           "TorchAutocastRecorder", "compare_training", "device_context", "fake_cuda", "has_cuda",
-           "html_table", "op_agreement", "run_case", "torch_autocast", "agreement_rows"]

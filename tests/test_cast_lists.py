@@ -126,22 +126,32 @@ def observe(fn, device_type, low, ta, tb, autocast_on):
 
 
 def classify(fn, device_type):
-    """The policy torch.autocast shows for this call: lower / fp32 / promote / banned / None."""
+    """The policy torch.autocast shows for this call: lower / fp32 / promote / banned / None.
+
+    Three runs, each with and without autocast: all-fp32 inputs (lower precision casts them down),
+    all-lower inputs (fp32 ops come out fp32), and mixed lower + fp32 (promote casts the lower one up).
+    """
     low = LOW[device_type]
-    runs = {}
-    for name, (ta, tb) in {"fp32": (F32, F32), "low": (low, low), "mixed": (low, F32)}.items():
+    banned = False
+
+    def run(ta, tb):
+        nonlocal banned
         base, base_casts = observe(fn, device_type, low, ta, tb, autocast_on=False)
         auto, auto_casts = observe(fn, device_type, low, ta, tb, autocast_on=True)
-        runs[name] = (base, auto, auto_casts - base_casts)
-    if any(auto == "error" and base != "error" for base, auto, _ in runs.values()):
+        banned = banned or (auto == "error" and base != "error")
+        return base, auto, auto_casts - base_casts
+
+    base, auto, added = run(F32, F32)
+    if banned:
         return "banned"
-    base, auto, added = runs["fp32"]
     if auto == low or added[(F32, low)]:
         return "lower_precision_fp"
-    base, auto, added = runs["low"]
+    base, auto, added = run(low, low)
     if auto == F32 and base != F32:   # base may be an error: the op has no lower-precision kernel
         return "fp32"
-    base, auto, added = runs["mixed"]
+    base, auto, added = run(low, F32)
+    if banned:
+        return "banned"
     if added[(low, F32)] or (base == "error" and auto == F32):
         return "promote"
     return None
