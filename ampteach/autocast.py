@@ -155,10 +155,12 @@ def _body_of(func: types.FunctionType) -> Callable:
     return body
 
 
+_BOOLEAN_DISPATCHED = getattr(torch._jit_internal, "boolean_dispatched", {})
+
+
 def _boolean_branch(func: Callable, args: tuple, kwargs: dict) -> Callable | None:
     """F.max_pool2d and friends pick one of two functions by a flag (return_indices): that one."""
-    table = getattr(torch._jit_internal, "boolean_dispatched", {})
-    info = table.get(func) if isinstance(func, types.FunctionType) else None
+    info = _BOOLEAN_DISPATCHED.get(func)
     if info is None:
         return None
     flag = info["default"]
@@ -281,10 +283,11 @@ class OpWatcher(TorchFunctionMode):
         if target in self._running:            # its body handed the call back under another name
             return func(*args, **kwargs)
         self._running.add(target)
+        torch._C._push_on_torch_function_stack(self)     # what `with self:` does, without its overhead
         try:
-            with self:
-                return _body_of(target)(*args, **kwargs)
+            return _body_of(target)(*args, **kwargs)
         finally:
+            torch._C._pop_torch_function_stack()
             self._running.discard(target)
 
 

@@ -46,18 +46,23 @@ def time_steps(model, x, y, make_region, iters: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
+def alternating_medians(timers: dict, repeats: int = REPEATS) -> dict[str, float]:
+    """Median seconds of each timer over `repeats` rounds; each round runs every timer once, in turn."""
+    rounds = [{name: timer() for name, timer in timers.items()} for _ in range(repeats)]
+    return {name: statistics.median(r[name] for r in rounds) for name in timers}
+
+
 def compare(label: str, build, dtype: torch.dtype, iters: int) -> float:
     torch.manual_seed(0)
     model = build()
     x, y = torch.randn(BATCH, 1, 28, 28), torch.randint(0, 10, (BATCH,))
-    regions = {"torch": lambda: torch.autocast("cpu", dtype=dtype), "ampteach": lambda: autocast("cpu", dtype=dtype)}
-    times: dict[str, list[float]] = {name: [] for name in regions}
-    for _ in range(REPEATS):
-        for name, make_region in regions.items():
-            times[name].append(time_steps(model, x, y, make_region, iters))
-    t_torch, t_ours = statistics.median(times["torch"]), statistics.median(times["ampteach"])
-    ratio = t_ours / t_torch
-    print(f"{label:<28} torch {t_torch * 1e3:8.2f} ms   ampteach {t_ours * 1e3:8.2f} ms   ratio {ratio:.2f}x")
+    medians = alternating_medians({
+        "torch": lambda: time_steps(model, x, y, lambda: torch.autocast("cpu", dtype=dtype), iters),
+        "ampteach": lambda: time_steps(model, x, y, lambda: autocast("cpu", dtype=dtype), iters),
+    })
+    ratio = medians["ampteach"] / medians["torch"]
+    print(f"{label:<28} torch {medians['torch'] * 1e3:8.2f} ms   ampteach {medians['ampteach'] * 1e3:8.2f} ms"
+          f"   ratio {ratio:.2f}x")
     return ratio
 
 
