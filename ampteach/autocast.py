@@ -447,8 +447,8 @@ class autocast:
         state.enabled[self.device] = enabled
         state.dtype[self.device] = dtype
         state.cache_enabled = cache_enabled
-        if self.record:
-            state.recorders.remove(self.records)
+        if self.record:   # by identity: two regions' record lists may be equal (both empty)
+            state.recorders[:] = [r for r in state.recorders if r is not self.records]
         if pushed:
             state.mode.__exit__(exc_type, exc_value, traceback)
             state.mode = None

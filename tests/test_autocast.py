@@ -308,6 +308,15 @@ def test_records_name_each_listed_call():
     assert str(region.records[0]) == "matmul(float32, float32) -> bfloat16  [lower_precision_fp]"
 
 
+def test_nested_recording_regions_each_keep_their_records():
+    a = torch.rand(2, 2)
+    with autocast("cpu", record=True) as outer:
+        with autocast("cpu", record=True) as inner:
+            pass                                   # both lists empty (equal) when the inner one exits
+        torch.exp(a @ a)
+    assert [r.op for r in outer.records] == ["matmul"] and inner.records == []
+
+
 # ---------------------------------------------------------------------------------------------------
 # the weight-cast cache
 
