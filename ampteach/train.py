@@ -279,7 +279,7 @@ def train(model: nn.Module, data: Preloaded, config: TrainConfig | None = None, 
     (or, in the fault-injection tests, break) the gradients.
     Recipes "master" and "half" cast model to half in place; see prepare() for optimizer and master.
     checkpoint_path, checkpoint_every: write an ampteach.checkpoint there every checkpoint_every steps
-    (when a step ends an epoch, after that epoch's evaluation). resume_from: such a checkpoint; give a
+    (when a step ends an epoch, after that epoch's evaluation) and at the end of training. resume_from: such a checkpoint; give a
     freshly built model (and optimizer/master if you passed them before) and the same config (epochs
     may grow): weights, optimizer, scaler, step and History come back and training goes on from the
     next batch, ending bit-identical to the run that was never interrupted.
@@ -300,8 +300,8 @@ def train(model: nn.Module, data: Preloaded, config: TrainConfig | None = None, 
     if resume_from is not None:
         step, history, loss_sum = _resume(resume_from, model, opt, scaler, master, config)
 
-    def save_due_checkpoint() -> None:
-        if checkpoint_every is not None and step % checkpoint_every == 0:
+    def save_due_checkpoint(at_end: bool = False) -> None:
+        if checkpoint_every is not None and (step % checkpoint_every == 0 or at_end):
             from .checkpoint import save_checkpoint
 
             save_checkpoint(checkpoint_path, model, opt, scaler, master=master, step=step, history=history,
@@ -344,6 +344,7 @@ def train(model: nn.Module, data: Preloaded, config: TrainConfig | None = None, 
             _sync(device)
             t0 = time.perf_counter()
     bar.close()
+    save_due_checkpoint(at_end=True)  # the final state too (again, if the last epoch's end just saved it)
     history.train_seconds = timed_seconds
     if timed_seconds > 0:
         history.samples_per_s = timed_samples / timed_seconds

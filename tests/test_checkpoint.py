@@ -185,7 +185,8 @@ def test_a_finished_run_resumed_with_more_epochs_equals_the_longer_run(tiny, tmp
     longer = ampteach.mlp((8,))
     ref = train(longer, tiny, TrainConfig(**{**config.__dict__, "epochs": 2}))
     torch.manual_seed(0)
-    train(ampteach.mlp((8,)), tiny, config, checkpoint_path=tmp_path / "c.pt", checkpoint_every=4)
+    train(ampteach.mlp((8,)), tiny, config, checkpoint_path=tmp_path / "c.pt", checkpoint_every=3)
+    assert torch.load(tmp_path / "c.pt", weights_only=True)["step"] == 4, "the final state is saved too"
     extended = ampteach.mlp((8,))
     history = train(extended, tiny, TrainConfig(**{**config.__dict__, "epochs": 2}), resume_from=tmp_path / "c.pt")
     assert all(torch.equal(p, q) for p, q in zip(longer.parameters(), extended.parameters()))
