@@ -274,6 +274,8 @@ class GradScaler(_LossScaler):
     S <- S * backoff_factor after an inf/NaN gradient, else S * growth_factor after growth_interval
     clean steps in a row (never to inf). The same per-optimizer stages and errors as torch's; one
     scaler serves several optimizers (each may skip on its own; S is shared).
+    Beyond torch: scaler.last_step_skipped (True if step() skipped any optimizer in the current
+    iteration, or after update() in the one it closed) and scaler.scale_history (S after each update()).
     """
 
     def __init__(self, device: str = "cuda", init_scale: float = 2.0**16, growth_factor: float = 2.0,
