@@ -30,10 +30,11 @@ aten op; a Python-level function (F.cross_entropy, torch.norm, F.multi_head_atte
 its own body under the mode, so the ops it calls are cast one by one; a C++ composite outside the
 lists (CUDA cross_entropy_loss, CPU einsum) takes the policy cast_lists.COMPOSITES gives it.
 
-Known differences from torch.autocast, all from C++ code a Python mode cannot enter: CPU RNN cells
-(lstm_cell, ...) cast their gate matmuls inside in torch, not here (same output dtypes:
-cast_lists.PARTIAL_COMPOSITES); CPU linalg.pinv computes in fp32 then multiplies in bf16 in torch,
-here all in fp32; an fp16 nn.LSTM on CPU fails in torch's oneDNN kernel and runs here; and
+Two CPU composites cast only part of their work (the LSTM and GRU cells' gate linears): for those,
+a Python transcription of their ATen body runs under the mode (cast_lists.TRANSCRIBED).
+
+Known differences from torch.autocast, all from C++ code a Python mode cannot enter: CPU
+linalg.pinv computes in fp32 then multiplies in bf16 in torch, here all in fp32; an fp16 nn.LSTM on CPU fails in torch's oneDNN kernel and runs here; and
 inference fast paths (nn.TransformerEncoderLayer / nn.MultiheadAttention in eval mode without grad)
 switch themselves off while any torch function mode is active, so they take the ordinary path.
 """
@@ -48,9 +49,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .cast_lists import BUILTIN_OPS, COMPOSITES, DEVICE_TYPES, base_name, policies, registered
+from .cast_lists import BUILTIN_OPS, COMPOSITES, DEVICE_TYPES, TRANSCRIBED, base_name, policies, registered
 
 DEFAULT_DTYPES = {"cpu": torch.bfloat16, "cuda": torch.float16}
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
@@ -171,6 +173,30 @@ def _boolean_branch(func: Callable, args: tuple, kwargs: dict) -> Callable | Non
     return info["if_true"] if flag else info["if_false"]
 
 
+def _lstm_cell(input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+    """ATen's LSTMCell, CPU path (aten/src/ATen/native/RNN.cpp), op for op: its linears get cast."""
+    h, c = hx
+    gates = F.linear(h, w_hh, b_hh).add_(F.linear(input, w_ih, b_ih))
+    ingate, forgetgate, cellgate, outgate = gates.unsafe_chunk(4, 1)
+    ingate, forgetgate, cellgate, outgate = ingate.sigmoid_(), forgetgate.sigmoid_(), cellgate.tanh_(), outgate.sigmoid_()
+    cy = (forgetgate * c).add_(ingate * cellgate)
+    return outgate * cy.tanh(), cy
+
+
+def _gru_cell(input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
+    """ATen's GRUCell, CPU path (aten/src/ATen/native/RNN.cpp), op for op: its linears get cast."""
+    igates = F.linear(input, w_ih, b_ih).unsafe_chunk(3, 1)
+    hgates = F.linear(hx, w_hh, b_hh).unsafe_chunk(3, 1)
+    reset_gate = hgates[0].add_(igates[0]).sigmoid_()
+    input_gate = hgates[1].add_(igates[1]).sigmoid_()
+    new_gate = igates[2].add(hgates[2].mul_(reset_gate)).tanh_()
+    return (hx - new_gate).mul_(input_gate).add_(new_gate)
+
+
+_TRANSCRIPTIONS = {("cpu", "lstm_cell"): _lstm_cell, ("cpu", "gru_cell"): _gru_cell}
+assert set(_TRANSCRIPTIONS) == set(TRANSCRIBED)
+
+
 def _tensors(args: tuple, kwargs: dict):
     """The tensor arguments of a call, one level into lists and tuples (aten's Tensor[] arguments)."""
     for value in (*args, *kwargs.values()):
@@ -248,6 +274,9 @@ class OpWatcher(TorchFunctionMode):
         device_type = self._device_of(args, kwargs)
         if device_type is None:
             return func(*args, **kwargs)
+        transcription = _TRANSCRIPTIONS.get((device_type, op))
+        if transcription is not None:              # casts inside only: run its body where we can see it
+            return self._run_under_mode(transcription, args, kwargs)
         policy = self._policy(op, device_type, args, kwargs)
         if policy is None:
             return func(*args, **kwargs)
@@ -283,12 +312,18 @@ class OpWatcher(TorchFunctionMode):
         if target in self._running:            # its body handed the call back under another name
             return func(*args, **kwargs)
         self._running.add(target)
+        try:
+            return self._run_under_mode(_body_of(target), args, kwargs)
+        finally:
+            self._running.discard(target)
+
+    def _run_under_mode(self, body: Callable, args: tuple, kwargs: dict):
+        """body(*args, **kwargs) with this mode active again, so the calls inside reach it one by one."""
         torch._C._push_on_torch_function_stack(self)     # what `with self:` does, without its overhead
         try:
-            return _body_of(target)(*args, **kwargs)
+            return body(*args, **kwargs)
         finally:
             torch._C._pop_torch_function_stack()
-            self._running.discard(target)
 
 
 class AutocastMode(OpWatcher):

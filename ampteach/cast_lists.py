@@ -209,9 +209,9 @@ def _aliases(pairs: dict[str, tuple[str, str]]) -> dict[str, Composite]:
 
 _MATRIX_POWER = Composite("lower_precision_fp", ("matmul",), _power_of_two_or_more, "only for |n| >= 2")
 
-# op -> Composite, per device. Found by running every op binding under torch.autocast and without it
-# (.devnotes-style discovery: output dtypes that autocast changes although the op is not listed);
-# tests/test_autocast.py checks each entry against torch.autocast. The C++ bodies are in
+# op -> Composite, per device. Found by running op bindings under torch.autocast and without it and
+# looking for output dtypes that autocast changes although the op is not listed; tests/test_cast_lists.py
+# checks each entry (and each `applies` rule, both ways) against torch.autocast. The C++ bodies are in
 # aten/src/ATen/native/. `applies` says when the call actually reaches the listed op.
 COMPOSITES: dict[str, dict[str, Composite]] = {
     "cuda": {
@@ -227,6 +227,9 @@ COMPOSITES: dict[str, dict[str, Composite]] = {
         "cumulative_trapezoid": Composite("fp32", ("cumsum",)),
         "matrix_power": _MATRIX_POWER,
         "linalg_matrix_power": _MATRIX_POWER,
+        "inner": Composite("promote", ("tensordot", "dot"), note="vectors call dot, matrices tensordot"),
+        "affine_grid_generator": Composite("lower_precision_fp", ("bmm",), note="as on CPU; not observable with "
+                                           "fake tensors, whose dispatch mode hides the explicit kernel's inner bmm"),
         **{rnn: Composite("lower_precision_fp", ("_cudnn_rnn", "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell"),
                           note="nn.LSTM/GRU/RNN: cuDNN on a GPU, fused cells otherwise")
            for rnn in ("lstm", "gru", "rnn_tanh", "rnn_relu")},
@@ -257,17 +260,20 @@ COMPOSITES: dict[str, dict[str, Composite]] = {
                                   "replication_pad2d", "replication_pad3d"), _pads_in_fp32_on_cpu,
                          "constant and circular padding, and 3-D reflect padding, are not cast"),
         "lstm": Composite("lower_precision_fp", ("mkldnn_rnn_layer",), note="nn.LSTM through oneDNN"),
+        "rnn_tanh_cell": Composite("lower_precision_fp", ("linear",)),
+        "rnn_relu_cell": Composite("lower_precision_fp", ("linear",)),
         **_aliases({"linalg_matmul": ("lower_precision_fp", "matmul")}),
     },
 }
 
 
-# Ops whose C++ body casts part of its work while the op itself keeps its dtype: torch.autocast runs
-# the gate matmuls of these CPU RNN cells in the lower dtype (they call linear, which is listed) and
-# returns float32 outputs for float32 state. ampteach.autocast cannot reach inside C++, so it runs
-# them wholly in float32: the same output dtypes, different rounding inside.
-PARTIAL_COMPOSITES: dict[tuple[str, str], str] = {
-    ("cpu", cell): "lower_precision_fp" for cell in ("lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell")
+# Composites that cast only part of their work: on CPU the LSTM and GRU cells call linear (listed)
+# for their gates and then mix the gates with the fp32 state, so torch.autocast casts inside them
+# while their outputs stay fp32. No policy for the whole op says that, so ampteach.autocast runs a
+# Python transcription of their ATen body (aten/src/ATen/native/RNN.cpp, LSTMCell and GRUCell, CPU
+# path) and casts the linears it calls. op -> the listed ops inside.
+TRANSCRIBED: dict[tuple[str, str], tuple[str, ...]] = {
+    ("cpu", "lstm_cell"): ("linear",), ("cpu", "gru_cell"): ("linear",),
 }
 
 
@@ -484,6 +490,8 @@ def describe(op: str, device_type: str) -> str:
     if composite is not None:
         via = " + ".join(base_name(v) for v in composite.via)
         return f"{name}: {composite.policy} (composite, via {via})"
+    if (device_type, name) in TRANSCRIBED:
+        return f"{name}: not autocast itself, but the {', '.join(TRANSCRIBED[device_type, name])} calls inside it are"
     return f"{name}: not autocast (runs in its inputs' dtype)"
 
 

@@ -14,8 +14,10 @@ import contextlib
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import ampteach
 from ampteach import cast_lists as cl
 from ampteach.reference import fake_cuda, has_cuda, torch_autocast
 
@@ -23,6 +25,8 @@ pytestmark = [   # probing deprecated or experimental ops makes torch say so
     pytest.mark.filterwarnings("ignore:.*frobenius_norm is deprecated:UserWarning"),
     pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental:UserWarning"),
     pytest.mark.filterwarnings("ignore:reduction. 'mean' divides the total loss:UserWarning"),
+    pytest.mark.filterwarnings("ignore:torch.chain_matmul is deprecated:UserWarning"),
+    pytest.mark.filterwarnings("ignore:PyTorch was compiled without cuDNN:UserWarning"),
 ]
 
 LOW = {"cpu": torch.bfloat16, "cuda": torch.float16}
@@ -111,13 +115,18 @@ class CastLog(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def observe(fn, device_type, low, ta, tb, autocast_on):
-    """(output dtype or 'error', casts) for fn(device, ta, tb), under torch.autocast or without it."""
+def observe(fn, device_type, low, ta, tb, autocast_on, log_casts=False):
+    """(output dtype or 'error', casts) for fn(device, ta, tb), under torch.autocast or without it.
+
+    The cast log is a dispatch mode, and a dispatch mode changes what runs inside ops implemented
+    by explicit C++ kernels (their inner calls are no longer autocast), so it is used only where the
+    dtype alone cannot tell: promote, whose casts often give the dtype native promotion would give.
+    """
     log = CastLog()
     region = torch_autocast(device_type, low) if autocast_on else contextlib.nullcontext()
     torch.manual_seed(0)
     try:
-        with region, log:
+        with region, (log if log_casts else contextlib.nullcontext()):
             out = fn(device_type, ta, tb)
     except RuntimeError:
         return "error", log.casts
@@ -128,28 +137,29 @@ def observe(fn, device_type, low, ta, tb, autocast_on):
 def classify(fn, device_type):
     """The policy torch.autocast shows for this call: lower / fp32 / promote / banned / None.
 
-    Three runs, each with and without autocast: all-fp32 inputs (lower precision casts them down),
-    all-lower inputs (fp32 ops come out fp32), and mixed lower + fp32 (promote casts the lower one up).
+    Three runs, each with and without autocast: all-fp32 inputs (lower precision comes out in the
+    lower dtype), all-lower inputs (fp32 ops come out fp32), and mixed lower + fp32 inputs (promote
+    casts the lower one up before the op).
     """
     low = LOW[device_type]
     banned = False
 
-    def run(ta, tb):
+    def run(ta, tb, log_casts=False):
         nonlocal banned
-        base, base_casts = observe(fn, device_type, low, ta, tb, autocast_on=False)
-        auto, auto_casts = observe(fn, device_type, low, ta, tb, autocast_on=True)
+        base, base_casts = observe(fn, device_type, low, ta, tb, False, log_casts)
+        auto, auto_casts = observe(fn, device_type, low, ta, tb, True, log_casts)
         banned = banned or (auto == "error" and base != "error")
         return base, auto, auto_casts - base_casts
 
-    base, auto, added = run(F32, F32)
+    base, auto, _ = run(F32, F32)
     if banned:
         return "banned"
-    if auto == low or added[(F32, low)]:
+    if auto == low:
         return "lower_precision_fp"
-    base, auto, added = run(low, low)
+    base, auto, _ = run(low, low)
     if auto == F32 and base != F32:   # base may be an error: the op has no lower-precision kernel
         return "fp32"
-    base, auto, added = run(low, F32)
+    base, auto, added = run(low, F32, log_casts=True)
     if banned:
         return "banned"
     if added[(low, F32)] or (base == "error" and auto == F32):
@@ -194,6 +204,7 @@ PROBES = {
                                                  r(d, b, 16, 3), r(d, b, 16, 4)),
     "gru_cell": lambda d, a, b: torch.gru_cell(r(d, a, 2, 3), r(d, b, 2, 4), r(d, b, 12, 3), r(d, b, 12, 4)),
     "rnn_tanh_cell": lambda d, a, b: torch.rnn_tanh_cell(r(d, a, 2, 3), r(d, b, 2, 4), r(d, b, 4, 3), r(d, b, 4, 4)),
+    "rnn_relu_cell": lambda d, a, b: torch.rnn_relu_cell(r(d, a, 2, 3), r(d, b, 2, 4), r(d, b, 4, 3), r(d, b, 4, 4)),
     # fp32 on CUDA (and some on CPU)
     "acos": lambda d, a, b: torch.acos(r(d, a, 8) - 1),
     "asin": lambda d, a, b: torch.asin(r(d, a, 8) - 1),
@@ -273,17 +284,77 @@ PROBES = {
     "cat": lambda d, a, b: torch.cat([r(d, a, 4), r(d, b, 4)]),
     "stack": lambda d, a, b: torch.stack([r(d, a, 4), r(d, b, 4)]),
     "index_copy": lambda d, a, b: torch.index_copy(r(d, a, 4), 0, labels(d, 1, 4), r(d, b, 1)),
+    # composites: not listed, but their C++ bodies call listed ops
+    "arccos": lambda d, a, b: torch.arccos(r(d, a, 8) - 1),
+    "arcsin": lambda d, a, b: torch.arcsin(r(d, a, 8) - 1),
+    "arctan2": lambda d, a, b: torch.arctan2(r(d, a, 4), r(d, b, 4)),
+    "special_erfinv": lambda d, a, b: torch.special.erfinv(r(d, a, 8) - 1),
+    "special_expm1": lambda d, a, b: torch.special.expm1(r(d, a, 8)),
+    "special_log1p": lambda d, a, b: torch.special.log1p(r(d, a, 8)),
+    "special_logsumexp": lambda d, a, b: torch.special.logsumexp(r(d, a, 4, 4), 1),
+    "special_softmax": lambda d, a, b: torch.special.softmax(r(d, a, 4, 4), 1),
+    "special_log_softmax": lambda d, a, b: torch.special.log_softmax(r(d, a, 4, 4), 1),
+    "square": lambda d, a, b: torch.square(r(d, a, 8)),
+    "sum_to_size": lambda d, a, b: r(d, a, 4, 4).sum_to_size(1, 4),
+    "trapezoid": lambda d, a, b: torch.trapezoid(r(d, a, 4, 4)),
+    "trapz": lambda d, a, b: torch.trapz(r(d, a, 4, 4)),
+    "cumulative_trapezoid": lambda d, a, b: torch.cumulative_trapezoid(r(d, a, 8)),
+    "norm_except_dim": lambda d, a, b: torch.norm_except_dim(r(d, a, 4, 4), 2, 0),
+    "pairwise_distance": lambda d, a, b: F.pairwise_distance(r(d, a, 4, 4), r(d, b, 4, 4)),
+    "linalg_norm": lambda d, a, b: torch.linalg.norm(r(d, a, 4, 4)),
+    "nll_loss_nd": lambda d, a, b: F.nll_loss(r(d, a, 4, 5), labels(d, 4, 5)),
+    "linalg_matmul": lambda d, a, b: torch.linalg.matmul(r(d, a, 4, 4), r(d, b, 4, 4)),
+    "matrix_power": lambda d, a, b: torch.matrix_power(r(d, a, 4, 4), 3),
+    "linalg_matrix_power": lambda d, a, b: torch.linalg.matrix_power(r(d, a, 4, 4), 2),
+    "chain_matmul": lambda d, a, b: torch.chain_matmul(r(d, a, 4, 4), r(d, b, 4, 4)),
+    "einsum": lambda d, a, b: torch.einsum("ij,jk->ik", r(d, a, 4, 4), r(d, b, 4, 4)),
+    "tensordot": lambda d, a, b: torch.tensordot(r(d, a, 2, 4), r(d, b, 4, 3), dims=1),
+    "inner": lambda d, a, b: torch.inner(r(d, a, 2, 4), r(d, b, 3, 4)),
+    "cov": lambda d, a, b: torch.cov(r(d, a, 4, 4)),
+    "corrcoef": lambda d, a, b: torch.corrcoef(r(d, a, 4, 4)),
+    "affine_grid_generator": lambda d, a, b: F.affine_grid(r(d, a, 2, 2, 3), (2, 1, 4, 4), align_corners=False),
+    "pad": lambda d, a, b: F.pad(r(d, a, 1, 2, 4, 4), (1, 1, 1, 1), mode="reflect"),
+    "lstm": lambda d, a, b: rnn(nn.LSTM, d, a, b),
     # not autocast anywhere
     "relu": lambda d, a, b: F.relu(r(d, a, 8)),
     "mean": lambda d, a, b: torch.mean(r(d, a, 8)),
     "batch_norm": lambda d, a, b: F.batch_norm(r(d, a, 2, 3, 4), r(d, F32, 3), r(d, F32, 3)),
     "add": lambda d, a, b: torch.add(r(d, a, 4), r(d, b, 4)),
 }
+CONDITIONAL = {   # composites that reach their listed op only for some arguments: label -> (call, expected)
+    "einsum('ij,ij->ij'): a product, no sum": (
+        lambda d, a, b: torch.einsum("ij,ij->ij", r(d, a, 4, 4), r(d, b, 4, 4)),
+        {"cpu": None, "cuda": "lower_precision_fp"}),
+    "tensordot of all dims: a dot": (
+        lambda d, a, b: torch.tensordot(r(d, a, 4, 4), r(d, b, 4, 4), dims=2), {"cpu": None, "cuda": "promote"}),
+    "inner of two vectors: a dot": (
+        lambda d, a, b: torch.inner(r(d, a, 4), r(d, b, 4)), {"cpu": None, "cuda": "promote"}),
+    "matrix_power(A, 1): a copy": (
+        lambda d, a, b: torch.matrix_power(r(d, a, 4, 4), 1), {"cpu": None, "cuda": None}),
+    "chain_matmul(A): one matrix": (
+        lambda d, a, b: torch.chain_matmul(r(d, a, 4, 4)), {"cpu": None, "cuda": "lower_precision_fp"}),
+    "F.pad(mode='constant')": (
+        lambda d, a, b: F.pad(r(d, a, 1, 2, 4, 4), (1, 1, 1, 1)), {"cpu": None, "cuda": None}),
+    "F.pad(mode='reflect') in 3-D": (
+        lambda d, a, b: F.pad(r(d, a, 1, 1, 4, 4, 4), (1, 1, 1, 1, 1, 1), mode="reflect"), {"cpu": None, "cuda": None}),
+}
+
+
+def rnn(kind, d, a, b):
+    """nn.LSTM/GRU through torch.func.functional_call, so fake CUDA weights (without grad) can stand in."""
+    torch.manual_seed(0)
+    module = kind(3, 4)
+    weights = {name: r(d, b, *p.shape) for name, p in module.named_parameters()}
+    return torch.func.functional_call(module, weights, (r(d, a, 5, 2, 3),))[0]
+
+
 # Observation can tell these apart: fp32_set_opt_dtype and fp32_append_dtype run in fp32 too
 # (they pass dtype=float32 instead of casting; which one is read in the source, not observed).
 CATEGORY = {"fp32_set_opt_dtype": "fp32", "fp32_append_dtype": "fp32"}
 UNOBSERVABLE = {   # fake CUDA tensors cannot run these (no meta kernel, or no CUDA device guard)
     ("cuda", "inverse"), ("cuda", "linalg_qr"), ("cuda", "quantile"), ("cuda", "gru_cell"), ("cuda", "lstm_cell"),
+    ("cuda", "gru"), ("cuda", "rnn_tanh"), ("cuda", "rnn_relu"),   # nn.GRU/RNN check for a real CUDA build
+    ("cuda", "affine_grid_generator"),   # an explicit kernel: under fake tensors its inner bmm is not autocast
 }
 
 
@@ -294,12 +365,44 @@ def test_each_policy_is_what_torch_autocast_does(device_type, op):
         pytest.skip("fake CUDA tensors cannot run this op")
     listed = cl.policy_of(op, device_type)
     expected = CATEGORY.get(listed, listed)
-    if (device_type, op) in cl.PARTIAL_COMPOSITES:   # casts inside, output dtype unchanged: see cast_lists
-        expected = cl.PARTIAL_COMPOSITES[device_type, op]
     context = fake_cuda() if device_type == "cuda" and not has_cuda() else contextlib.nullcontext()
     with context:
+        if (device_type, op) in cl.TRANSCRIBED:
+            return check_transcribed(PROBES[op], device_type)
         observed = classify(PROBES[op], device_type)
     assert observed == expected, f"{op} on {device_type}: the table says {listed}, torch.autocast does {observed}"
+
+
+def check_transcribed(fn, device_type):
+    """A transcribed composite casts inside (fp32 inputs meet lower-precision casts), and ampteach,
+    running its Python transcription, gives torch's outputs exactly for fp32, lower and mixed inputs."""
+    low = LOW[device_type]
+    _, casts = observe(fn, device_type, low, F32, F32, autocast_on=True, log_casts=True)
+    assert casts[(F32, low)] > 0, "no casts inside any more: drop it from TRANSCRIBED"
+    for ta, tb in ((F32, F32), (low, low), (low, F32)):
+        results = []
+        for region in (torch_autocast(device_type, low), ampteach.autocast(device_type, dtype=low)):
+            torch.manual_seed(0)
+            with region:
+                out = fn(device_type, ta, tb)
+            results.append(out[0] if isinstance(out, tuple) else out)
+        assert torch.equal(*results) and results[0].dtype == results[1].dtype, (ta, tb)
+
+
+@pytest.mark.parametrize("label", sorted(CONDITIONAL))
+@pytest.mark.parametrize("device_type", cl.DEVICE_TYPES)
+def test_conditional_composites_are_cast_only_when_they_reach_a_listed_op(device_type, label):
+    call, expected = CONDITIONAL[label]
+    context = fake_cuda() if device_type == "cuda" and not has_cuda() else contextlib.nullcontext()
+    with context:
+        observed = classify(call, device_type)
+    assert observed == CATEGORY.get(expected[device_type], expected[device_type]), label
+
+
+def test_every_composite_is_probed():
+    for device_type in cl.DEVICE_TYPES:
+        unprobed = set(cl.COMPOSITES[device_type]) - set(PROBES) - {op for d, op in UNOBSERVABLE if d == device_type}
+        assert unprobed == set(), device_type
 
 
 def test_the_probes_cover_every_policy_on_both_devices():
