@@ -29,14 +29,18 @@ def o2_run(steps: int, seed: int = 0, scaler_cls=torch.amp.GradScaler):
     opt = torch.optim.AdamW(master.params, lr=1e-2)
     scaler = scaler_cls("cpu", init_scale=2.0**10, growth_interval=2)
     for _ in range(steps):
-        opt.zero_grad(set_to_none=True)
-        model.zero_grad(set_to_none=True)
-        scaler.scale(F.cross_entropy(model(X), Y)).backward()
-        master.grads_to_master()
-        scaler.step(opt)
-        scaler.update()
-        master.master_to_model()
+        o2_step(model, master, opt, scaler)
     return model, master, opt, scaler
+
+
+def o2_step(model, master, opt, scaler) -> None:
+    opt.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)
+    scaler.scale(F.cross_entropy(model(X), Y)).backward()
+    master.grads_to_master()
+    scaler.step(opt)
+    scaler.update()
+    master.master_to_model()
 
 
 def same_tensors(a: dict, b: dict) -> bool:
@@ -57,15 +61,8 @@ def test_load_restores_masters_model_optimizer_and_scaler_exactly(tmp_path, scal
     for i, s in opt.state_dict()["state"].items():
         assert same_tensors(s, opt2.state_dict()["state"][i])
     assert scaler2.state_dict() == scaler.state_dict() and scaler.get_scale() != 2.0**10
-    # and both go on identically
-    for m, mw, o, sc in ((model, master, opt, scaler), (model2, master2, opt2, scaler2)):
-        o.zero_grad(set_to_none=True)
-        m.zero_grad(set_to_none=True)
-        sc.scale(F.cross_entropy(m(X), Y)).backward()
-        mw.grads_to_master()
-        sc.step(o)
-        sc.update()
-        mw.master_to_model()
+    o2_step(model, master, opt, scaler)                                   # and both go on identically
+    o2_step(model2, master2, opt2, scaler2)
     assert same_tensors(model.state_dict(), model2.state_dict())
 
 
