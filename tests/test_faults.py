@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -196,11 +197,11 @@ def test_a_resume_without_the_scaler_state_goes_astray(data, tmp_path):
 
 
 CHILD = textwrap.dedent("""
-    import sys, time
+    import json, sys, time
     import torch, ampteach
     from ampteach.data import Preloaded
     from ampteach.train import TrainConfig
-    path, kill_at, config = sys.argv[1], int(sys.argv[2]), eval(sys.argv[3])
+    path, kill_at, config = sys.argv[1], int(sys.argv[2]), TrainConfig(**json.loads(sys.argv[3]))
     d = ampteach.preload(ampteach.course_split(ampteach.load_fashion_mnist(download=False)))
     data = Preloaded(d.train_x[:640], d.train_y[:640], d.test_x[:256], d.test_y[:256], d.mean, d.std)
 
@@ -219,7 +220,7 @@ CHILD = textwrap.dedent("""
 def test_a_process_killed_with_sigkill_resumes_bit_identical(data, tmp_path):
     data, config, kill_at = subset(data), resume_config("master-fp16-ampteach"), 23
     path = tmp_path / "run.pt"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(kill_at), repr(config)],
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(kill_at), json.dumps(asdict(config))],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     try:
         line = child.stdout.readline()      # blocks until the child is inside step kill_at (or dies)
