@@ -163,5 +163,5 @@ def plot_gradient_histogram(grads: dict[str, torch.Tensor], fmt: FloatFormat | s
     ax.set_xlim(lo, hi)
     ax.set_xlabel(f"log2 |S * gradient|   (S = 2^{shift:g})" if shift == round(shift) else f"log2 |S * gradient|   (S = {scale:g})")
     ax.set_ylabel("% of non-zero values")
-    ax.legend(loc="upper left", fontsize=8, ncol=2)
+    ax.legend(loc="upper right", fontsize=8, ncol=2)
     return ax
