@@ -399,6 +399,12 @@ def test_conditional_composites_are_cast_only_when_they_reach_a_listed_op(device
     assert observed == CATEGORY.get(expected[device_type], expected[device_type]), label
 
 
+def test_every_transcribed_composite_has_its_transcription():
+    from ampteach.autocast import _TRANSCRIPTIONS
+
+    assert set(_TRANSCRIPTIONS) == set(cl.TRANSCRIBED)
+
+
 def test_every_composite_is_probed():
     for device_type in cl.DEVICE_TYPES:
         unprobed = set(cl.COMPOSITES[device_type]) - set(PROBES) - {op for d, op in UNOBSERVABLE if d == device_type}
