@@ -366,3 +366,90 @@ def check_master_step(make_master_copies: Callable, master_step: Callable) -> No
                     raise CheckFailed(f"{case}: model parameter {i} differs from the reference: after the step, "
                                       f"copy the fp32 values back into the half model")
     _passed("check_master_step", "SGD and AdamW, 5 steps each with an overflow: same fp32 copies, half weights and scale")
+
+
+# --- build 4: sorting ops into autocast's cast lists ----------------------------------------------
+
+def _cast_list_calls() -> dict[str, Callable]:
+    """For each exercise op, a call taking (device, dtype of the first input, dtype of the others)."""
+    import torch.nn.functional as F
+
+    from .reference import _labels as labels
+    from .reference import _r as r
+
+    return {
+        "mm": lambda d, a, b: torch.mm(r(d, a, 4, 4), r(d, b, 4, 4)),
+        "bmm": lambda d, a, b: torch.bmm(r(d, a, 2, 4, 4), r(d, b, 2, 4, 4)),
+        "linear": lambda d, a, b: F.linear(r(d, a, 2, 4), r(d, b, 3, 4)),
+        "conv2d": lambda d, a, b: F.conv2d(r(d, a, 1, 2, 5, 5), r(d, b, 3, 2, 3, 3)),
+        "relu": lambda d, a, b: F.relu(r(d, a, 4)),
+        "exp": lambda d, a, b: torch.exp(r(d, a, 4)),
+        "log": lambda d, a, b: torch.log(r(d, a, 4)),
+        "pow": lambda d, a, b: torch.pow(r(d, a, 4), 2.0),
+        "sum": lambda d, a, b: r(d, a, 4, 4).sum(),
+        "norm": lambda d, a, b: torch.norm(r(d, a, 4)),
+        "softmax": lambda d, a, b: torch.softmax(r(d, a, 4, 4), -1),
+        "log_softmax": lambda d, a, b: torch.log_softmax(r(d, a, 4, 4), -1),
+        "layer_norm": lambda d, a, b: F.layer_norm(r(d, a, 2, 4), (4,), r(d, b, 4), r(d, b, 4)),
+        "mse_loss": lambda d, a, b: F.mse_loss(r(d, a, 4), r(d, b, 4)),
+        "nll_loss": lambda d, a, b: F.nll_loss(r(d, a, 3, 5), labels(d, 3, 5)),
+        "binary_cross_entropy": lambda d, a, b: F.binary_cross_entropy(r(d, a, 4) * 0.5, r(d, b, 4) * 0.5),
+        "binary_cross_entropy_with_logits":
+            lambda d, a, b: F.binary_cross_entropy_with_logits(r(d, a, 4), r(d, b, 4) * 0.5),
+        "cat": lambda d, a, b: torch.cat([r(d, a, 2), r(d, b, 2)]),
+        "addcmul": lambda d, a, b: torch.addcmul(r(d, a, 4), r(d, b, 4), r(d, b, 4)),
+    }
+
+
+CAST_LIST_OPS = (
+    "mm", "bmm", "linear", "conv2d", "relu", "exp", "log", "pow", "sum", "norm", "softmax", "log_softmax",
+    "layer_norm", "mse_loss", "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "cat", "addcmul")
+
+
+def observe_autocast(op: str, device_type: str) -> str:
+    """What torch.autocast does with op: its output dtype for fp32, half and mixed inputs (or its error).
+
+    CUDA on a machine without a GPU runs torch's real CUDA autocast on fake tensors (dtypes only)."""
+    from .reference import LOWER, device_context, torch_autocast
+
+    call, half = _cast_list_calls()[op], LOWER[device_type]
+    results = []
+    with device_context(device_type):
+        for label, dtypes in (("fp32", (torch.float32,) * 2), (str(half).removeprefix("torch."), (half,) * 2),
+                              ("mixed", (half, torch.float32))):
+            torch.manual_seed(0)
+            try:
+                with torch_autocast(device_type, half):
+                    out = call(device_type, *dtypes)
+                results.append(f"{label} in -> {str(out.dtype).removeprefix('torch.')}")
+            except Exception as exc:  # the error is the observation (a banned op)
+                return f"raises {type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
+    return ", ".join(results)
+
+
+def check_cast_lists(sort_into_cast_lists: Callable[[], dict]) -> None:
+    """sort_into_cast_lists() -> {"cpu": {op: policy}, "cuda": {op: policy}} for every op in
+    CAST_LIST_OPS, a policy being one of PyTorch's category names or None (on no list). Graded
+    against the lists torch 2.13 registers for its CPU and CUDA autocast (ampteach.cast_lists, which
+    the course's tests check against torch's dispatcher); a wrong answer shows what torch.autocast did."""
+    from .cast_lists import POLICIES, policy_of
+
+    answer = sort_into_cast_lists()
+    if not isinstance(answer, dict) or set(answer) != {"cpu", "cuda"}:
+        raise CheckFailed(f'expected a dict with keys "cpu" and "cuda", got {answer!r:.200}')
+    wrong = []
+    for device in ("cpu", "cuda"):
+        missing = [op for op in CAST_LIST_OPS if op not in answer[device]]
+        if missing:
+            raise CheckFailed(f"{device}: expected a policy (or None) for every op; missing {missing}")
+        for op in CAST_LIST_OPS:
+            got, want = answer[device][op], policy_of(op, device)
+            if got is not None and got not in POLICIES:
+                raise CheckFailed(f"{device}, {op}: {got!r} is not a category; use one of {POLICIES} or None")
+            if got != want:
+                wrong.append(f"{device:4s} {op}: expected {want!r}, got {got!r}; torch.autocast: "
+                             f"{observe_autocast(op, device)}")
+    if wrong:
+        total = 2 * len(CAST_LIST_OPS)
+        raise CheckFailed(f"{len(wrong)} of {total} placements wrong:\n  " + "\n  ".join(wrong))
+    _passed("check_cast_lists", f"all {len(CAST_LIST_OPS)} ops placed as torch 2.13 places them, on CPU and on CUDA")
