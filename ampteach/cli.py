@@ -23,12 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ampteach", description="Mixed-precision training, taught from scratch.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in COMMANDS.items():
-        try:
-            module = importlib.import_module(f"ampteach.{module_name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"ampteach.{module_name}":
-                raise
-            continue  # not built yet in this checkout
+        module = importlib.import_module(f"ampteach.{module_name}")
         p = sub.add_parser(name, help=module.__doc__.strip().splitlines()[0], description=module.__doc__)
         p.formatter_class = argparse.RawDescriptionHelpFormatter
         module.add_arguments(p)

@@ -80,13 +80,15 @@ def test_ci_installs_cpu_torch_then_the_readme_install_then_runs_the_readme_test
     assert "../shared/data/fashion-mnist-subset" in (ROOT / ".ci/run").read_text()
 
 
-def test_every_exported_name_resolves():
+def test_every_exported_name_resolves_and_every_module_imports():
     import ampteach
 
-    for name, module in ampteach._EXPORTS.items():
-        assert getattr(ampteach, name) is getattr(importlib.import_module(f"ampteach.{module}"), name)
-    for module in ampteach._SUBMODULES:
-        assert (ROOT / "ampteach" / f"{module}.py").is_file(), module
+    for name in ampteach.__all__:
+        value = getattr(ampteach, name)
+        assert not isinstance(value, type(ampteach)), f"ampteach.{name} is a module, not the thing it names"
+    for path in sorted((ROOT / "ampteach").glob("*.py")):
+        if path.stem != "__main__":
+            importlib.import_module(f"ampteach.{path.stem}")
 
 
 def test_empty_top_level_folders_say_what_lives_there():
@@ -97,15 +99,11 @@ def test_empty_top_level_folders_say_what_lives_there():
         assert has_content or (path / "README.md").is_file(), f"{folder}/ is empty and has no README.md"
 
 
-def test_functions_named_like_their_module_stay_functions():
-    import ampteach
-    import ampteach.train  # noqa: F401  (importing the submodule must not shadow the function)
+def test_names_shared_with_their_module_stay_the_function_or_class():
+    import ampteach.autocast  # noqa: F401  (importing a submodule must not shadow the name)
+    import ampteach.train  # noqa: F401
 
-    from ampteach import train
+    from ampteach import autocast, train
 
-    assert callable(train) and not isinstance(train, type(ampteach))
-    if (ROOT / "ampteach" / "autocast.py").is_file():
-        import ampteach.autocast  # noqa: F401
-        from ampteach import autocast
-
-        assert not isinstance(autocast, type(ampteach)), "ampteach.autocast must be the context manager"
+    assert callable(train) and train.__module__ == "ampteach.train"
+    assert isinstance(autocast, type) and autocast.__module__ == "ampteach.autocast"
