@@ -16,6 +16,9 @@ from pathlib import Path
 
 from nbval.plugin import IPyNbFile
 
+# Patience for cell output on a busy machine (see ampteach.grade.pytest_collection_modifyitems).
+pytest_plugins = ["ampteach.grade"]
+
 ROOT = Path(__file__).parent
 STRICT_BY_FOLDER = {ROOT / "notebooks": True, ROOT / "solutions": False}
 SANITIZE = ROOT / "course" / "nbval-sanitize.cfg"

@@ -86,3 +86,19 @@ def test_an_endless_loop_fails_cleanly_at_the_cell_timeout(tmp_path):
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 1
     assert "TIMEOUT" in out.stdout and "score 0/1 checks passed" in out.stdout
+
+
+def test_notebook_cells_wait_patiently_for_output_on_a_busy_machine():
+    import pytest as _pytest
+
+    from ampteach.grade import OUTPUT_PATIENCE
+
+    seen = []
+
+    class Probe:
+        def pytest_collection_finish(self, session):
+            seen.extend(getattr(item, "output_timeout", None) for item in session.items)
+
+    args = [str(ROOT / "solutions" / "build_2_loss_scale_update.ipynb"), "--collect-only", "-q", "-p", "ampteach.grade"]
+    assert _pytest.main(args, plugins=[Probe()]) == 0
+    assert seen and set(seen) == {OUTPUT_PATIENCE}
