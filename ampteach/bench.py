@@ -109,17 +109,6 @@ def run_config(data: Preloaded, precision: str, impl: str, model_spec: str, epoc
             "mem_measure": measure, "accuracy": history.final_accuracy, "train_seconds": history.train_seconds}
 
 
-def warm_up(data: Preloaded, configs, impls, model_spec: str, batch_size: int, seed: int = 0, steps: int = 10) -> None:
-    """A few untimed steps of every configuration first: a process's first runs pay one-time costs
-    (allocator growth, kernel selection) that per-run warm-up steps do not cover."""
-    n = min(len(data.train_x), steps * batch_size)
-    head = Preloaded(data.train_x[:n], data.train_y[:n], data.test_x[:batch_size], data.test_y[:batch_size],
-                     data.mean, data.std)
-    for impl in impls:
-        for precision in configs:
-            run_config(head, precision, impl, model_spec, 1, batch_size, warmup_steps=0, seed=seed, progress=False)
-
-
 def run_bench(device: str = "auto", epochs: int = 2, batch_size: int = 512, model: str | None = None,
               configs: tuple[str, ...] = CONFIGS, impls: tuple[str, ...] = IMPLS, warmup_steps: int = 20,
               seed: int = 0, progress: bool = True, data: Preloaded | None = None) -> dict:
@@ -133,7 +122,6 @@ def run_bench(device: str = "auto", epochs: int = 2, batch_size: int = 512, mode
     model = model or DEFAULT_MODEL[dev.type]
     build_model(model)  # a bad --model fails before any data is loaded
     data = data if data is not None else preload(course_split(load_fashion_mnist()), device=dev)
-    warm_up(data, configs, impls, model, batch_size, seed)
     rows = [run_config(data, c, i, model, epochs, batch_size, warmup_steps, seed, progress=progress)
             for i in impls for c in configs]
     for row in rows:
