@@ -19,7 +19,7 @@ ROW_KEYS = {"impl", "config", "samples_per_s", "peak_mem_bytes", "accuracy", "sp
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "result.json"
     cmd = [sys.executable, "-m", "ampteach", "bench", "--device", "cpu", "--epochs", "1", "--model", "mlp:64",
-           "--batch-size", "500", "--warmup-steps", "2", "--no-progress", "--out", str(out)]
+           "--batch-size", "500", "--warmup-steps", "2", "--repeat", "2", "--no-progress", "--out", str(out)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     return json.loads(out.read_text()), run.stdout
@@ -34,6 +34,7 @@ def test_json_has_a_row_per_impl_and_config_and_the_device(result):
         assert row["samples_per_s"] > 0 and math.isfinite(row["samples_per_s"])
         assert 0 <= row["accuracy"] <= 100 and row["peak_mem_bytes"] > 0
     assert data["settings"]["model"] == "mlp:64" and data["settings"]["train_images"] == 7000
+    assert data["settings"]["repeat"] == 2 and "best of 2 runs" in stdout
     assert "samples/s" in stdout and "ampteach / torch" in stdout
 
 
@@ -75,5 +76,8 @@ def test_errors_say_what_to_do():
         assert run.returncode == 2 and "torch.cuda.is_available() is False" in run.stdout
     with pytest.raises(ValueError, match="mlp:4096"):
         bench.build_model("resnet50")
+    short = bench.run_bench("cpu", epochs=1, batch_size=1000, model="mlp:8", configs=("fp32",), impls=("torch",),
+                            warmup_steps=50, progress=False)
+    assert short["settings"]["warmup_steps"] == 3 and math.isfinite(short["rows"][0]["samples_per_s"])
     with pytest.raises(ValueError, match="unknown configs"):
         bench.run_bench("cpu", configs=("fp8",))
