@@ -169,9 +169,6 @@ def main(argv: list[str] | None = None) -> None:
         if not 0 <= args.inject_rank < dist.get_world_size():
             raise SystemExit(f"--inject-rank {args.inject_rank} is not a rank of this job (0..{dist.get_world_size() - 1})")
         _say(run(args))
-        # Leave together: a rank that tears its process group down while another still talks to it
-        # (rank 0 hosts the rendezvous store) made the other abort at exit ("terminate called ...").
-        dist.barrier()
     finally:
         dist.destroy_process_group()
 
