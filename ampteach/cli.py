@@ -1,8 +1,9 @@
-"""The `ampteach` command: doctor, bench, grade.
+"""The `ampteach` command: doctor, bench, grade, data.
 
     ampteach doctor                  # what this machine can do with mixed precision, and what to use
     ampteach bench --device auto     # E.6.1: fp32 vs fp16 vs bf16, torch.amp vs ampteach
     ampteach grade exercises/*.ipynb # run the check cells, print a per-check table and a score
+    ampteach data [download]         # where the dataset comes from; fetch the full one on request
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ COMMANDS = {
     "doctor": "doctor",
     "bench": "bench",
     "grade": "grade",
+    "data": "data",
 }
 
 

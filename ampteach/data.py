@@ -1,9 +1,17 @@
-"""FashionMNIST, read from its own IDX files, validated, and preloaded on a device.
+"""FashionMNIST, read from its own IDX files, validated, and preloaded on a device; offline by default.
 
-    ds = load_fashion_mnist()               # root: argument, else $AMPTEACH_DATA, else a user cache
+    ds = load_fashion_mnist()               # $AMPTEACH_DATA, else a full download made earlier, else the bundled split
     ds = course_split(ds)                   # the course's 7,000 train / 1,226 held-out images
     data = preload(ds, device="cuda")       # normalised float tensors, already on the device
     for xb, yb in data.batches(256, shuffle=True, seed=0): ...
+    load_fashion_mnist(full=True)           # the full 70,000 images (downloaded once, about 30 MB)
+
+    $ ampteach data                         # where the data comes from on this machine
+    $ ampteach data download                # fetch the full dataset into the user cache
+
+The package carries the course's split (ampteach/datasets/fashion-mnist-course: 8,226 of the
+official training images, 3.5 MB, MIT licence, (c) 2017 Zalando SE), so every lesson runs on a
+machine without a network and prints the same numbers as with the full dataset.
 
 An IDX file is a big-endian header (magic number, then one uint32 per dimension) followed by
 the raw uint8 values: size == 8 + 4 * ndim_extra + prod(dims).
@@ -13,6 +21,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib.resources
 import os
 import struct
 import tempfile
@@ -43,10 +52,20 @@ IMAGES_MAGIC = 2051  # 0x00000803: uint8 values, 3 dimensions
 LABELS_MAGIC = 2049  # 0x00000801: uint8 values, 1 dimension
 
 # The course's split: the first 7,000 training images to train on, the next 1,226 held out.
-# ../shared's subset stores exactly these (its t10k files hold training images 7000..8225), so a
-# lesson prints the same numbers whether it finds the subset or the full dataset.
+# The bundled copy stores exactly these (its t10k files hold training images 7000..8225), so a
+# lesson prints the same numbers whether it reads the bundled split or the full dataset.
 COURSE_TRAIN = 7000
 COURSE_HELD_OUT = 1226
+
+BUNDLED = "datasets/fashion-mnist-course"   # inside the ampteach package
+
+# Where load_fashion_mnist() found its files (FashionMNIST.source, `ampteach data`, the doctor).
+SOURCES = {
+    "root": "the folder passed as root=",
+    "AMPTEACH_DATA": "the folder $AMPTEACH_DATA points at",
+    "cache": "the full dataset in the user cache (downloaded earlier)",
+    "bundled": "the course's split bundled with ampteach (offline, 7,000 + 1,226 images)",
+}
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -59,7 +78,7 @@ class DataFileError(ValueError):
 
 @dataclass(frozen=True)
 class FashionMNIST:
-    """Images as uint8 (N, 28, 28), labels as int64 (N,), and the ten class names."""
+    """Images as uint8 (N, 28, 28), labels as int64 (N,), the ten class names, and where they came from."""
 
     train_images: torch.Tensor
     train_labels: torch.Tensor
@@ -67,15 +86,46 @@ class FashionMNIST:
     test_labels: torch.Tensor
     root: Path
     classes: tuple[str, ...] = CLASSES
+    source: str = "root"          # a key of SOURCES: root, AMPTEACH_DATA, cache or bundled
+
+
+def cache_root() -> Path:
+    """The per-user cache for the full download: $XDG_CACHE_HOME/ampteach/fashion-mnist (~/.cache/...)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache).expanduser() / "ampteach" / "fashion-mnist"
+
+
+def bundled_root() -> Path:
+    """The course's split shipped inside the package (found with importlib.resources, from any directory)."""
+    folder = importlib.resources.files("ampteach").joinpath(BUNDLED)
+    if not isinstance(folder, Path):   # a zipped install: the loader needs real files
+        raise DatasetNotFoundError(f"ampteach is installed as a zip archive, so its bundled data ({BUNDLED}) is "
+                                   f"not a folder on disk; install it unzipped (pip install ampteach) or set AMPTEACH_DATA")
+    return folder
 
 
 def default_root() -> Path:
-    """Where the data lives when no root is given: $AMPTEACH_DATA, else ~/.cache/ampteach/fashion-mnist."""
+    """Where a full copy of the data lives or goes: $AMPTEACH_DATA when set, else the user cache."""
     env = os.environ.get("AMPTEACH_DATA")
     if env:
         return Path(env).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache) / "ampteach" / "fashion-mnist"
+    return cache_root()
+
+
+def find_data(full: bool = False) -> tuple[str, Path]:
+    """(source, folder) load_fashion_mnist() reads when no root is given, in this order:
+
+    1. $AMPTEACH_DATA, when set (used as it is: a missing file there is an error, not a fallback);
+    2. the user cache, when it holds all four files (a full download made earlier);
+    3. the course's split bundled with the package, unless full=True (then the cache, to download into).
+    """
+    env = os.environ.get("AMPTEACH_DATA")
+    if env:
+        return "AMPTEACH_DATA", Path(env).expanduser()
+    cache = cache_root()
+    if full or not missing_files(cache):
+        return "cache", cache
+    return "bundled", bundled_root()
 
 
 def missing_files(root: str | os.PathLike | None = None) -> list[str]:
@@ -84,23 +134,32 @@ def missing_files(root: str | os.PathLike | None = None) -> list[str]:
     return [name for name in FILES if not (root / name).is_file()]
 
 
-def load_fashion_mnist(root: str | os.PathLike | None = None, download: bool = True) -> FashionMNIST:
-    """Load FashionMNIST from root (else $AMPTEACH_DATA, else a per-user cache), downloading if allowed.
+def load_fashion_mnist(root: str | os.PathLike | None = None, download: bool = False,
+                       full: bool = False) -> FashionMNIST:
+    """Load FashionMNIST; with no arguments from $AMPTEACH_DATA, else the cache, else the bundled split.
 
-    Local files are used as they are (the shared subset has its own checksums); every file is
-    validated: IDX magic number, 28 x 28 images, counts against the file size, labels in 0..9, and
-    as many labels as images.
+        ds = load_fashion_mnist()              # offline: never touches the network
+        ds = load_fashion_mnist(full=True)     # the full dataset, downloaded into the cache if missing
+        ds = load_fashion_mnist("/data/fmnist", download=True)
+
+    Downloads happen only when asked for: full=True (into $AMPTEACH_DATA or the cache) or
+    download=True (into root, $AMPTEACH_DATA or the cache). Every file is validated: IDX magic
+    number, 28 x 28 images, counts against the file size, labels in 0..9, as many labels as images.
+    ds.source says where the files came from (see SOURCES).
     """
-    root = Path(root).expanduser() if root is not None else default_root()
+    if root is not None:
+        source, root = "root", Path(root).expanduser()
+    else:
+        source, root = find_data(full=full or download)
     missing = missing_files(root)
     if missing:
-        if not download:
-            raise DatasetNotFoundError(_not_found_message(root, missing, "download=False"))
+        if not (download or full):
+            raise DatasetNotFoundError(_not_found_message(root, source, missing, "nothing was downloaded (download=False)"))
         try:
             for name in missing:
                 download_file(BASE_URL + name, root / name, FILES[name])
         except OSError as exc:
-            raise DatasetNotFoundError(_not_found_message(root, missing, f"the download failed: {exc}")) from exc
+            raise DatasetNotFoundError(_not_found_message(root, source, missing, f"the download failed: {exc}")) from exc
 
     train_images = read_idx_images(root / "train-images-idx3-ubyte.gz")
     train_labels = read_idx_labels(root / "train-labels-idx1-ubyte.gz")
@@ -108,17 +167,20 @@ def load_fashion_mnist(root: str | os.PathLike | None = None, download: bool = T
     test_labels = read_idx_labels(root / "t10k-labels-idx1-ubyte.gz")
     _check_same_count(root, "train", train_images, train_labels)
     _check_same_count(root, "t10k", test_images, test_labels)
-    return FashionMNIST(train_images, train_labels, test_images, test_labels, root)
+    return FashionMNIST(train_images, train_labels, test_images, test_labels, root, source=source)
 
 
-def _not_found_message(root: Path, missing: list[str], why: str) -> str:
+def _not_found_message(root: Path, source: str, missing: list[str], why: str) -> str:
     names = "\n".join(f"  {n}" for n in FILES)
+    where = {"AMPTEACH_DATA": f"{root} (from $AMPTEACH_DATA)", "cache": f"the cache {root}"}.get(source, str(root))
     return (
-        f"FashionMNIST is not in {root} (missing: {', '.join(missing)}) and {why}.\n"
-        f"Put the four standard IDX files there:\n{names}\n"
-        f"or point AMPTEACH_DATA at a folder that has them (e.g. the course's offline subset:\n"
-        f"  export AMPTEACH_DATA=../shared/data/fashion-mnist-subset), or call\n"
-        f"load_fashion_mnist(root=...) / load_fashion_mnist(download=True) on a machine with internet."
+        f"FashionMNIST is not in {where} (missing: {', '.join(missing)}) and {why}.\n"
+        f"What you can do:\n"
+        f"  - the lessons need only the course's split, which comes with ampteach: call load_fashion_mnist()\n"
+        f"    without root (and unset AMPTEACH_DATA if it points at a folder without the files);\n"
+        f"  - for the full dataset: `ampteach data download` (or load_fashion_mnist(full=True)) on a machine\n"
+        f"    with internet, which saves it in {cache_root()};\n"
+        f"  - or put the four standard IDX files in a folder and pass root=... or set AMPTEACH_DATA to it:\n{names}"
     )
 
 
@@ -301,3 +363,34 @@ def preload(ds: FashionMNIST, device: str | torch.device = "cpu", dtype: torch.d
     return Preloaded(prep(ds.train_images), ds.train_labels.to(device), prep(ds.test_images),
                      ds.test_labels.to(device), mean, std)
 
+
+
+# -- `ampteach data`: where the data comes from, and the explicit full download ---------------------
+
+def describe_source(full: bool = False) -> str:
+    """One line for `ampteach data` and the doctor: which copy load_fashion_mnist() reads, and from where."""
+    source, root = find_data(full=full)
+    found = "" if not missing_files(root) else f" (missing: {', '.join(missing_files(root))})"
+    shown = BUNDLED.replace("datasets/", "ampteach/datasets/") if source == "bundled" else str(root)
+    return f"{SOURCES[source]}: {shown}{found}"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("action", nargs="?", choices=("where", "download"), default="where",
+                        help="where: say which copy the lessons read (default); download: fetch the full "
+                             "dataset (about 30 MB, MD5-checked) into $AMPTEACH_DATA or the user cache")
+
+
+def run(args) -> int:
+    if args.action == "download":
+        try:
+            ds = load_fashion_mnist(full=True)
+        except DatasetNotFoundError as exc:
+            print(exc)
+            return 1
+        print(f"the full dataset ({len(ds.train_images):,} training + {len(ds.test_images):,} test images) is in {ds.root}")
+        return 0
+    print("load_fashion_mnist() looks, in order, at $AMPTEACH_DATA, the user cache "
+          f"({cache_root()}), and the course's split bundled with ampteach.")
+    print(f"here it reads {describe_source()}")
+    return 0
