@@ -6,6 +6,7 @@ import gzip
 import os
 import shutil
 import struct
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -15,7 +16,9 @@ import torch
 
 from ampteach import data as D
 
-SUBSET = Path(os.environ.get("AMPTEACH_DATA", Path(__file__).parents[2] / "shared/data/fashion-mnist-subset"))
+# The course split: where the test run points AMPTEACH_DATA (CI: ../shared's subset), else the bundled copy.
+SUBSET = Path(os.environ.get("AMPTEACH_DATA") or D.bundled_root())
+SHARED_README = Path(__file__).parents[2] / "shared/data/fashion-mnist-subset/README.md"
 needs_subset = pytest.mark.skipif(not (SUBSET / "train-images-idx3-ubyte.gz").is_file(),
                                   reason="the course's FashionMNIST subset is not available (set AMPTEACH_DATA)")
 
@@ -253,3 +256,92 @@ def test_batches_cover_each_example_once_and_reproducibly(subset):
         next(data.batches(0))
     with pytest.raises(ValueError, match="split"):
         next(data.batches(10, split="valid"))
+
+
+# --- offline by default: the bundled split and the lookup order -----------------------------------
+
+SHA256 = __import__("re").compile(r"^\s*([0-9a-f]{64})\s+(\S+\.gz)\s*$", __import__("re").M)
+
+
+def sha256sum(path: Path) -> str:
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    """No AMPTEACH_DATA, an empty user cache, and every download attempt fails loudly."""
+    monkeypatch.delenv("AMPTEACH_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
+
+    def no_network(*args, **kwargs):
+        raise urllib.error.URLError(f"tried to download {args[0]!r}: the course must run offline by default")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    return tmp_path / "empty-cache" / "ampteach" / "fashion-mnist"
+
+
+def test_bundled_files_match_the_checksums_in_their_readme():
+    folder = D.bundled_root()
+    listed = dict((name, digest) for digest, name in SHA256.findall((folder / "README.md").read_text()))
+    assert sorted(listed) == sorted(D.FILES)
+    assert {name: sha256sum(folder / name) for name in D.FILES} == listed
+    assert "MIT" in (folder / "README.md").read_text() and "Zalando SE" in (folder / "LICENSE").read_text()
+
+
+@pytest.mark.skipif(not SHARED_README.is_file(), reason="the project's shared data folder is not beside this checkout")
+def test_bundled_files_are_the_published_subset():
+    published = dict((name, digest) for digest, name in SHA256.findall(SHARED_README.read_text()))
+    assert {name: sha256sum(D.bundled_root() / name) for name in D.FILES} == published
+
+
+def test_lesson_data_path_works_offline_with_nothing_set(offline):
+    """What lesson 0 does, on a machine with no network, no AMPTEACH_DATA and no earlier download."""
+    ds = D.load_fashion_mnist()
+    assert ds.source == "bundled" and ds.root == D.bundled_root()
+    data = D.preload(D.course_split(ds))
+    assert data.train_x.shape == (7000, 1, 28, 28) and data.test_x.shape == (1226, 1, 28, 28)
+    # the same images as any other copy of the course split
+    reference = D.load_fashion_mnist(SUBSET)
+    assert torch.equal(ds.train_images, reference.train_images) and torch.equal(ds.test_labels, reference.test_labels)
+    assert not offline.exists()   # nothing was written to the cache
+
+
+def test_lookup_order_env_then_cache_then_bundled(offline, monkeypatch, tmp_path):
+    assert D.find_data() == ("bundled", D.bundled_root())
+    offline.mkdir(parents=True)
+    for name in list(D.FILES)[:2]:                         # an incomplete cache is not used
+        shutil.copyfile(SUBSET / name, offline / name)
+    assert D.find_data()[0] == "bundled"
+    for name in D.FILES:
+        shutil.copyfile(SUBSET / name, offline / name)
+    assert D.find_data() == ("cache", offline) and D.load_fashion_mnist().source == "cache"
+    monkeypatch.setenv("AMPTEACH_DATA", str(tmp_path / "elsewhere"))
+    assert D.find_data() == ("AMPTEACH_DATA", tmp_path / "elsewhere")
+    with pytest.raises(D.DatasetNotFoundError, match="from \\$AMPTEACH_DATA"):   # set, but empty: an error, not a fallback
+        D.load_fashion_mnist()
+
+
+def test_full_dataset_is_downloaded_only_when_asked(offline, monkeypatch):
+    monkeypatch.setattr(D, "BASE_URL", "http://example.invalid/")
+    with pytest.raises(D.DatasetNotFoundError) as info:
+        D.load_fashion_mnist(full=True)
+    assert "tried to download 'http://example.invalid/" in str(info.value)
+    message = str(info.value)
+    assert "shared" not in message and "ampteach data download" in message
+
+
+def test_full_download_goes_to_the_cache_and_is_used_next(offline, monkeypatch):
+    monkeypatch.setattr(urllib.request, "urlopen", urllib.request.build_opener().open)   # the network again
+    monkeypatch.setattr(D, "BASE_URL", SUBSET.as_uri() + "/")
+    monkeypatch.setattr(D, "FILES", {name: D.md5sum(SUBSET / name) for name in D.FILES})
+    ds = D.load_fashion_mnist(full=True)
+    assert ds.source == "cache" and ds.root == offline and not D.missing_files(offline)
+    assert D.load_fashion_mnist().source == "cache"
+
+
+def test_ampteach_data_command_says_where(offline, capsys):
+    from ampteach.cli import main
+    assert main(["data"]) == 0
+    out = capsys.readouterr().out
+    assert "bundled with ampteach" in out and "AMPTEACH_DATA" in out
