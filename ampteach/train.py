@@ -40,9 +40,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data import Preloaded
+from .half_weights import ROUNDINGS, HalfWeights
 from .master import MasterWeights, to_half
 
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+FP8_RECIPES = ("tensorwise", "delayed", "mx")   # precision="fp8": ampteach.fp8.Float8Linear, emulated
 IMPLS = ("torch", "ampteach")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 RECIPES = ("autocast", "master", "half")
@@ -58,6 +60,11 @@ class TrainConfig:
     or gradients are not finite, the way the scaler would.
     recipe: "autocast" (fp32 weights, autocast forward), "master" (half model + fp32 master weights,
     no autocast) or "half" (half model, half weights updated directly); see the module docstring.
+    rounding (recipe "half"): how each update is written into the half weights: "nearest" (the
+    optimizer steps them directly), "kahan" or "stochastic" (bf16 only): the optimizer steps fp32
+    working copies made for the step and ampteach.HalfWeights writes them back with that rule.
+    precision="fp8" swaps every nn.Linear for ampteach.fp8.Float8Linear (fp32 weights, emulated fp8
+    matmuls, no autocast, no loss scaling); fp8_recipe picks its scales: "tensorwise", "delayed" or "mx".
     """
 
     precision: str = "fp32"
@@ -78,10 +85,17 @@ class TrainConfig:
     record_steps: bool = True
     progress: bool = True
     recipe: str = "autocast"
+    rounding: str = "nearest"
+    fp8_recipe: str = "tensorwise"
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
+        if self.precision not in (*PRECISIONS, "fp8"):
+            raise ValueError(f"precision must be one of {[*PRECISIONS, 'fp8']}, got {self.precision!r}")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise ValueError(f"fp8_recipe must be one of {FP8_RECIPES}, got {self.fp8_recipe!r}")
+        if self.precision == "fp8" and self.recipe != "autocast":
+            raise ValueError(f"precision='fp8' keeps fp32 weights and casts inside each Linear, so recipe must be "
+                             f"'autocast' (the default), got {self.recipe!r}")
         if self.impl not in IMPLS:
             raise ValueError(f"impl must be 'torch' (torch.amp) or 'ampteach' (from scratch), got {self.impl!r}")
         if self.optimizer not in OPTIMIZERS:
@@ -99,6 +113,14 @@ class TrainConfig:
             raise ValueError("recipe='half' with loss scaling cannot work: the scalers refuse fp16 gradients "
                              "('Attempting to unscale FP16 gradients.'). Use recipe='master' (the scaler then "
                              "unscales the fp32 master gradients), or loss_scale=None")
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
+        if self.rounding != "nearest" and self.recipe != "half":
+            raise ValueError(f"rounding={self.rounding!r} writes each update into half weights, so it needs "
+                             f"recipe='half' (got {self.recipe!r}); recipe='master' keeps fp32 master weights instead")
+        if self.rounding == "stochastic" and self.precision != "bf16":
+            raise ValueError(f"rounding='stochastic' rounds to bf16 (fp16 has no cheap stochastic rounding), so it "
+                             f"needs precision='bf16', got {self.precision!r}; for fp16 use rounding='kahan'")
 
     @property
     def dtype(self) -> torch.dtype:
@@ -112,6 +134,8 @@ class TrainConfig:
     @property
     def autocast_precision(self) -> str:
         """The precision autocast runs at: the run's own for recipe "autocast", else off (the model is half)."""
+        if self.precision == "fp8":
+            return "fp32"  # no autocast: each Float8Linear casts its own matmul inputs
         return self.precision if self.recipe == "autocast" else "fp32"
 
 
@@ -251,6 +275,13 @@ def prepare(model: nn.Module, config: TrainConfig, *, optimizer: torch.optim.Opt
     Recipes "master" and "half" cast model to half in place (to_half). For "master", pass your own
     master (and an optimizer over master.params or master.param_groups(...)) or let prepare build both.
     """
+    if config.precision == "fp8":
+        if isinstance(model, nn.Linear):
+            raise ValueError("precision='fp8' swaps the nn.Linear layers inside model in place; wrap a lone "
+                             "Linear in nn.Sequential(...) or call ampteach.fp8.convert_to_float8_training yourself")
+        from .fp8 import convert_to_float8_training
+
+        convert_to_float8_training(model, recipe=config.fp8_recipe)
     if config.recipe != "autocast":
         to_half(model, config.dtype)
     if config.recipe == "master":
@@ -261,6 +292,12 @@ def prepare(model: nn.Module, config: TrainConfig, *, optimizer: torch.optim.Opt
         if master is not None and master.model is not model:
             raise ValueError("master was built from a different model: pass MasterWeights(model) of the model you train")
         master = master or MasterWeights(model)
+    elif config.rounding != "nearest":  # recipe "half" with a rounding rule: fp32 working copies for the step
+        if master is None and optimizer is not None:
+            raise ValueError(f"rounding={config.rounding!r} steps fp32 working copies your optimizer cannot hold yet: "
+                             f"build half = HalfWeights(model, {config.rounding!r}), the optimizer over half.params, "
+                             f"and pass both (optimizer=opt, master=half)")
+        master = master or HalfWeights(model, config.rounding)
     elif master is not None:
         raise ValueError(f"master weights are used by recipe='master' only; this config has recipe={config.recipe!r}")
     opt = optimizer or make_optimizer(master.params if master is not None else model.parameters(), config)
@@ -386,5 +423,6 @@ def _progress(total: int, config: TrainConfig):
     from tqdm.auto import tqdm
 
     recipe = "" if config.recipe == "autocast" else f" {config.recipe}"
+    recipe += "" if config.rounding == "nearest" else f" {config.rounding}"
     desc = f"{config.impl} {config.precision}{recipe}" + (f" scale={config.scaling}" if config.scaling is not None else "")
     return tqdm(total=total, desc=desc, unit="step", disable=not config.progress)
