@@ -1,6 +1,7 @@
 """E.6.1 as a command: fp32 vs fp16 + GradScaler vs bf16, each through torch.amp and through ampteach.
 
     $ ampteach bench --device auto --epochs 2 --batch-size 512 --out course/results/my_gpu.json
+    $ ampteach bench --width 2048 --batch-size 256 --configs fp32,bf16    # the course MLP 784-W-W-10
     from ampteach.bench import run_bench; rows = run_bench("cpu", epochs=1)["rows"]
 
 Each run trains the same model from the same seed on the dataset preloaded on the device, leaves
@@ -60,6 +61,23 @@ def build_model(spec: str) -> nn.Module:
     if kind not in ("mlp", "cnn") or sizes is None or not sizes:
         raise ValueError(f"--model must look like 'mlp:4096,4096,4096' or 'cnn:32,64', got {spec!r}")
     return mlp(sizes) if kind == "mlp" else cnn(sizes)
+
+
+def width_model(width: int) -> str:
+    """The course MLP with two hidden layers of this width, 784-W-W-10, as a --model spec."""
+    if width < 1:
+        raise ValueError(f"--width must be a positive hidden width, got {width}")
+    return f"mlp:{width},{width}"
+
+
+def supported_configs(device: torch.device, configs: tuple[str, ...]) -> tuple[str, ...]:
+    """configs without bf16 on a GPU that only emulates it (compute capability < 8.0): "bf16 where supported".
+    Not torch.cuda.is_bf16_supported(), which by default counts emulation as support."""
+    from .doctor import cuda_info
+
+    if device.type == "cuda" and not cuda_info()["bf16"]:
+        return tuple(c for c in configs if c != "bf16")
+    return configs
 
 
 def describe_device(device: torch.device) -> dict:
@@ -123,8 +141,7 @@ def run_bench(device: str = "auto", epochs: int = 2, batch_size: int = 512, mode
     bad = [c for c in configs if c not in CONFIGS] + [i for i in impls if i not in IMPLS]
     if bad:
         raise ValueError(f"unknown configs/impls {bad}: configs are {CONFIGS}, impls are {IMPLS}")
-    if dev.type == "cuda" and "bf16" in configs and not torch.cuda.is_bf16_supported():
-        configs = tuple(c for c in configs if c != "bf16")  # "bf16 where supported"
+    configs = supported_configs(dev, configs)
     model = model or DEFAULT_MODEL[dev.type]
     build_model(model)  # a bad --model fails before any data is loaded
     data = data if data is not None else preload(course_split(load_fashion_mnist()), device=dev)
@@ -181,7 +198,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=512)
-    parser.add_argument("--model", default=None, help=f"e.g. mlp:4096,4096,4096 or cnn:32,64 (default {DEFAULT_MODEL})")
+    model = parser.add_mutually_exclusive_group()
+    model.add_argument("--model", default=None, help=f"e.g. mlp:4096,4096,4096 or cnn:32,64 (default {DEFAULT_MODEL})")
+    model.add_argument("--width", type=int, default=None, help="the course MLP 784-W-W-10 (same as --model mlp:W,W)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of fp32,fp16,bf16")
     parser.add_argument("--impls", default=",".join(IMPLS), help="comma-separated subset of torch,ampteach")
     parser.add_argument("--warmup-steps", type=int, default=20)
@@ -192,7 +211,8 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     try:
-        result = run_bench(args.device, args.epochs, args.batch_size, args.model, tuple(args.configs.split(",")),
+        model = width_model(args.width) if args.width is not None else args.model
+        result = run_bench(args.device, args.epochs, args.batch_size, model, tuple(args.configs.split(",")),
                            tuple(args.impls.split(",")), args.warmup_steps, progress=not args.no_progress,
                            repeat=args.repeat)
     except (ValueError, RuntimeError) as exc:

@@ -4,8 +4,11 @@
     from ampteach.doctor import collect; collect().recommendation
 
 The recommendation follows from two things: whether the hardware has native half-precision
-arithmetic (tensor cores on a GPU; AVX512-BF16 / AMX on a CPU), and a short matmul probe that
-measures it: speed-up = time(fp32 matmul) / time(half matmul) on this device.
+arithmetic (tensor cores on a GPU, bf16 from compute capability 8.0; AVX512-BF16 / AMX on a CPU),
+and the doctor's own matmul probe, which measures it:
+    speed-up = time(fp32 n x n matmul) / time(half n x n matmul)   on this device, > 1.1 to count.
+`torch.cuda.is_bf16_supported()` is not used for the decision: by default it also counts bf16 that
+a GPU only emulates (a T4 or V100, compute capability 7.x, runs it without tensor cores).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 import torch
 
 CPU_HALF_FLAGS = ("avx512_bf16", "amx_bf16", "amx_fp16", "avx512_fp16")
+FASTER = 1.1  # a probe ratio above this counts as a speed-up (below it: noise, or slower)
 
 
 @dataclass
@@ -40,6 +44,16 @@ class Report:
     recommendation: str = ""
     reason: str = ""
 
+    def fast_bf16(self, device: str = "cpu") -> bool:
+        """The doctor's finding for device: native bf16 hardware AND, where the probe ran, a measured bf16 matmul
+        faster than fp32's. Lessons make their speed claims conditional on this, not on a guess."""
+        measured = self.probe.get(device, {}).get("bf16")
+        if device == "cuda":
+            native = bool(self.cuda and self.cuda["tensor_cores"] and self.cuda["bf16"])
+        else:
+            native = any(self.cpu_flags.get(f) for f in ("avx512_bf16", "amx_bf16"))
+        return native and (measured is None or measured > FASTER)
+
 
 def cpu_info() -> tuple[str, dict[str, bool] | None]:
     """CPU model name and its native half-precision flags (None where the OS does not tell)."""
@@ -56,16 +70,22 @@ def cpu_info() -> tuple[str, dict[str, bool] | None]:
     return platform.processor() or platform.machine(), None
 
 
+def native_cuda_bf16(capability: tuple[int, int]) -> bool:
+    """bf16 on tensor cores: NVIDIA compute capability 8.0 (Ampere) or newer, or any ROCm GPU; the same
+    answer as torch.cuda.is_bf16_supported(including_emulation=False), for any torch version."""
+    return bool(torch.version.hip) or capability >= (8, 0)
+
+
 def cuda_info() -> dict | None:
     if not torch.cuda.is_available():
         return None
-    props = torch.cuda.get_device_properties(0)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
     cc = (props.major, props.minor)
     return {
         "name": props.name,
         "capability": f"{cc[0]}.{cc[1]}",
         "tensor_cores": cc >= (7, 0),
-        "bf16": bool(torch.cuda.is_bf16_supported()),
+        "bf16": native_cuda_bf16(cc),
         "memory_gib": round(props.total_memory / 2**30, 1),
         "cuda": torch.version.cuda,
     }
@@ -87,36 +107,15 @@ def dataset_status() -> tuple[str, bool, tuple[int, int] | None]:
 
 def matmul_speedup(device: str, dtype: torch.dtype, n: int = 512, min_seconds: float = 0.1) -> float:
     """time(fp32 n x n matmul) / time(dtype matmul) on device: > 1 means the half format is faster."""
-    def seconds_per_mm(dt: torch.dtype) -> float:
-        a = torch.randn(n, n, device=device).to(dt)
-        b = torch.randn(n, n, device=device).to(dt)
-        a @ b  # warm-up
-        reps, elapsed = 0, 0.0
-        while elapsed < min_seconds:
-            if device == "cuda":
-                torch.cuda.synchronize()
-            t = time.perf_counter()
-            a @ b
-            if device == "cuda":
-                torch.cuda.synchronize()
-            elapsed += time.perf_counter() - t
-            reps += 1
-        return elapsed / reps
+    from .roofline import matmul_seconds
 
-    return seconds_per_mm(torch.float32) / seconds_per_mm(dtype)
+    return matmul_seconds(n, torch.float32, device, min_seconds) / matmul_seconds(n, dtype, device, min_seconds)
 
 
 def recommend(cuda: dict | None, cpu_flags: dict[str, bool] | None, probe: dict[str, dict[str, float]]) -> tuple[str, str]:
-    """(precision to use, why), from the hardware facts and the measured probe."""
+    """(precision to use, why), from the hardware facts and the doctor's own measured probe."""
     if cuda is not None:
-        if not cuda["tensor_cores"]:
-            return "fp32", (f"{cuda['name']} (compute capability {cuda['capability']}) has no tensor cores: AMP "
-                            "saves activation memory but gives little speed")
-        if cuda["bf16"]:
-            return "bf16 autocast", (f"{cuda['name']} runs bf16 on tensor cores at fp16 speed with fp32's exponent "
-                                     "range, so no GradScaler is needed (fp16 + GradScaler works too)")
-        return "fp16 autocast + GradScaler", (f"{cuda['name']} has fp16 tensor cores but no bf16: use fp16 and "
-                                              "loss scaling")
+        return _recommend_cuda(cuda, probe.get("cuda", {}))
     cpu = probe.get("cpu", {})
     bf16, fp16 = cpu.get("bf16"), cpu.get("fp16")
     native = [f.upper().replace("_", "-") for f in ("avx512_bf16", "amx_bf16") if cpu_flags and cpu_flags.get(f)]
@@ -126,10 +125,28 @@ def recommend(cuda: dict | None, cpu_flags: dict[str, bool] | None, probe: dict[
         if native:
             return "bf16 autocast", f"{has} (flags only; run without --no-probe to measure it)"
         return "fp32", f"bf16 autocast on this CPU is slower than fp32: {has} (flags only, not measured)"
-    if bf16 > 1.1:
+    if bf16 > FASTER:
         return "bf16 autocast", f"{has}: measured bf16 matmul {bf16:.1f}x fp32's speed{fp16_note}"
     return "fp32", (f"bf16 autocast on this CPU is slower than fp32 (measured {bf16:.2f}x fp32's speed): {has}. "
-                    f"Run the lessons anyway (they teach numerics, not speed); course/results has GPU numbers{fp16_note}")
+                    f"Run the lessons anyway (they teach numerics, not speed){fp16_note}")
+
+
+def _recommend_cuda(cuda: dict, measured: dict[str, float]) -> tuple[str, str]:
+    """The GPU's answer: tensor cores and native bf16 from the compute capability, speed from the probe."""
+    name = f"{cuda['name']} (compute capability {cuda['capability']})"
+    if not cuda["tensor_cores"]:
+        return "fp32", f"{name} has no tensor cores: AMP saves activation memory but gives little speed"
+    bf16, fp16 = measured.get("bf16"), measured.get("fp16")
+    if cuda["bf16"] and (bf16 is None or bf16 > FASTER):
+        speed = f": measured bf16 matmul {bf16:.1f}x fp32's speed" if bf16 else ""
+        return "bf16 autocast", (f"{name} runs bf16 on tensor cores at fp16 speed with fp32's exponent range, so no "
+                                 f"GradScaler is needed (fp16 + GradScaler works too){speed}")
+    if fp16 is None or fp16 > FASTER:
+        speed = f"; measured fp16 matmul {fp16:.1f}x fp32's speed" if fp16 else ""
+        why = "has fp16 tensor cores but no native bf16 (that needs compute capability 8.0)" if not cuda["bf16"] \
+            else f"measured bf16 matmul at only {bf16:.2f}x fp32's speed"
+        return "fp16 autocast + GradScaler", f"{name} {why}: use fp16 and loss scaling{speed}"
+    return "fp32", f"{name}: the probe measured no half-precision speed-up (fp16 {fp16:.2f}x fp32's speed)"
 
 
 def collect(probe: bool = True) -> Report:

@@ -81,3 +81,23 @@ def test_errors_say_what_to_do():
     assert short["settings"]["warmup_steps"] == 3 and math.isfinite(short["rows"][0]["samples_per_s"])
     with pytest.raises(ValueError, match="unknown configs"):
         bench.run_bench("cpu", configs=("fp8",))
+
+
+def test_width_sets_the_course_mlp_and_keeps_the_rows(tmp_path):
+    out = tmp_path / "w.json"
+    cmd = [sys.executable, "-m", "ampteach", "bench", "--device", "cpu", "--width", "24", "--epochs", "1",
+           "--batch-size", "1000", "--warmup-steps", "2", "--configs", "fp32,bf16", "--impls", "torch",
+           "--no-progress", "--out", str(out)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    data = json.loads(out.read_text())
+    assert data["settings"]["model"] == "mlp:24,24" and "model mlp:24,24" in run.stdout
+    assert [(r["impl"], r["config"]) for r in data["rows"]] == [("torch", "fp32"), ("torch", "bf16")]
+    assert all(ROW_KEYS <= set(r) for r in data["rows"])
+    widths = [m.out_features for m in bench.build_model(bench.width_model(24)) if isinstance(m, torch.nn.Linear)]
+    assert widths == [24, 24, 10]  # 784-W-W-10
+    both = subprocess.run([sys.executable, "-m", "ampteach", "bench", "--width", "8", "--model", "mlp:8"],
+                          capture_output=True, text=True, timeout=120)
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    with pytest.raises(ValueError, match="positive hidden width"):
+        bench.width_model(0)

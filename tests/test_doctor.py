@@ -5,10 +5,12 @@ from __future__ import annotations
 import platform
 import subprocess
 import sys
+from types import SimpleNamespace
 
+import pytest
 import torch
 
-from ampteach import doctor
+from ampteach import bench, doctor
 
 
 def test_report_holds_the_machine_facts():
@@ -62,6 +64,73 @@ def test_recommendation_on_cpus_follows_the_measurement_then_the_flags():
     assert precision == "bf16 autocast" and "AMX-BF16" in why and "3.0x" in why
     assert doctor.recommend(None, amx, {})[0] == "bf16 autocast"  # no probe: the flags decide
     assert doctor.recommend(None, avx2, {})[0] == "fp32"
+
+
+def fake_gpu(monkeypatch, name: str, major: int, minor: int) -> None:
+    """torch.cuda as a machine with this GPU shows it. is_bf16_supported() keeps torch's default of counting
+    emulation: True on every CUDA GPU since compute capability 5.3, unless including_emulation=False."""
+    props = SimpleNamespace(name=name, major=major, minor=minor, total_memory=16 * 2**30)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: major >= 8 or including_emulation)
+    monkeypatch.setattr(torch.version, "hip", None)
+
+
+def fake_probe(cuda_speedup: dict[str, float]):
+    """doctor.matmul_speedup without a GPU: the given CUDA ratios, and a slow-bf16 CPU."""
+    def speedup(device, dtype, n=512, min_seconds=0.1):
+        name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+        return cuda_speedup[name] if device == "cuda" else 0.5
+    return speedup
+
+
+def test_a_cc_7_5_gpu_is_not_told_to_use_bf16(monkeypatch):
+    fake_gpu(monkeypatch, "Tesla T4", 7, 5)
+    assert torch.cuda.is_bf16_supported()  # torch's default counts the emulated bf16: the trap
+    report = doctor.collect(probe=False)
+    assert report.cuda["bf16"] is False and report.cuda["tensor_cores"] is True
+    assert report.recommendation == "fp16 autocast + GradScaler"
+    assert "compute capability 8.0" in report.reason and not report.fast_bf16("cuda")
+    text = doctor.format_report(report)
+    assert "Tesla T4, compute capability 7.5" in text and "bf16         no" in text
+    # with the probe: bf16 is not even measured on the GPU, fp16's measured speed is in the reason
+    monkeypatch.setattr(doctor, "matmul_speedup", fake_probe({"fp16": 5.0, "bf16": 0.8}))
+    report = doctor.collect(probe=True)
+    assert set(report.probe["cuda"]) == {"fp16"}
+    assert report.recommendation == "fp16 autocast + GradScaler" and "5.0x" in report.reason
+    assert bench.supported_configs(torch.device("cuda"), bench.CONFIGS) == ("fp32", "fp16")
+
+
+def test_a_cc_8_0_gpu_is_told_to_use_bf16(monkeypatch):
+    fake_gpu(monkeypatch, "NVIDIA A100-SXM4-80GB", 8, 0)
+    report = doctor.collect(probe=False)
+    assert report.cuda["bf16"] is True and report.recommendation == "bf16 autocast"
+    assert report.fast_bf16("cuda")
+    monkeypatch.setattr(doctor, "matmul_speedup", fake_probe({"fp16": 12.0, "bf16": 11.5}))
+    report = doctor.collect(probe=True)
+    assert report.probe["cuda"] == {"fp16": 12.0, "bf16": 11.5}
+    assert report.recommendation == "bf16 autocast" and "11.5x" in report.reason and report.fast_bf16("cuda")
+    assert bench.supported_configs(torch.device("cuda"), bench.CONFIGS) == bench.CONFIGS
+
+
+def test_the_gpu_recommendation_follows_the_probe():
+    ampere = dict(GPU, name="Test GPU", capability="8.6")
+    precision, why = doctor.recommend(ampere, None, {"cuda": {"fp16": 3.0, "bf16": 0.9}})
+    assert precision == "fp16 autocast + GradScaler" and "0.90x" in why  # bf16 measured slow: do not recommend it
+    precision, why = doctor.recommend(ampere, None, {"cuda": {"fp16": 1.0, "bf16": 1.0}})
+    assert precision == "fp32" and "no half-precision speed-up" in why
+
+
+@pytest.mark.parametrize("flags, bf16, fast", [({"amx_bf16": True}, 3.0, True), ({"amx_bf16": True}, 0.9, False),
+                                               ({"avx512_bf16": True}, None, True), ({}, 0.07, False), ({}, None, False)])
+def test_fast_bf16_needs_the_hardware_and_the_measurement(flags, bf16, fast):
+    report = doctor.collect(probe=False)
+    report.cpu_flags = {f: flags.get(f, False) for f in doctor.CPU_HALF_FLAGS}
+    report.probe = {"cpu": {"bf16": bf16}} if bf16 is not None else {}
+    assert report.fast_bf16("cpu") is fast
 
 
 def test_probe_measures_a_positive_ratio():
