@@ -4,6 +4,7 @@
     ampteach bench --device auto     # E.6.1: fp32 vs fp16 vs bf16, torch.amp vs ampteach
     ampteach grade exercises/*.ipynb # run the check cells, print a per-check table and a score
     ampteach data [download]         # where the dataset comes from; fetch the full one on request
+    ampteach roofline --device cpu   # matmul GFLOP/s in fp32, bf16, fp16 against this machine's measured roofs
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ COMMANDS = {
     "bench": "bench",
     "grade": "grade",
     "data": "data",
+    "roofline": "roofline",
 }
 
 
