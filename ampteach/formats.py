@@ -20,7 +20,7 @@ Three ways in, each written from that definition rather than by calling torch's 
 - round_to_format(x, fmt): a float32 tensor -> the float32 values it becomes when stored in fmt,
   vectorised with integer operations on the float32 bits. round_to_bf16 is the same idea with
   every constant written out, small enough to read in one go.
-- ulp, grid_near, bit_string, format_table: what the lesson needs to look at the numbers.
+- ulp, grid_near, bit_string, formula, format_table: what the lesson needs to look at the numbers.
 
 Overflow of float8_e4m3fn depends on the torch version. torch >= 2.12 (pytorch/pytorch#178817)
 saturates on the CPU: 464 < |x|, and +-inf, become +-448. Earlier versions (2.11 and before) turn
@@ -346,6 +346,20 @@ def grid_near(value: float, fmt: FloatFormat | str, k: int = 2) -> list[float]:
     top = fmt.max_code + (1 if fmt.has_inf else 0)               # +inf follows +max in IEEE formats
     ordinals = [o for o in range(ordinal - k, ordinal + k + 1) if abs(o) <= top]
     return [decode(sign_bit | -o if o < 0 else o, fmt) for o in ordinals]
+
+
+def formula(bits: int, fmt: FloatFormat | str) -> str:
+    """formula(0x3C01, "fp16") -> '(-1)^0 * 2^(15-15) * (1 + 1/1024)': decode's arithmetic, written out.
+
+    The same three cases as decode: inf/NaN (top exponent field), subnormal (field 0), normal.
+    """
+    fmt = as_format(fmt)
+    s, e, m = (int(field, 2) for field in bit_string(bits, fmt).split())
+    if e == 2**fmt.exp_bits - 1 and (fmt.has_inf or m == 2**fmt.man_bits - 1):
+        return "all-ones exponent: inf" if fmt.has_inf and m == 0 else "NaN pattern"
+    if e == 0:
+        return f"(-1)^{s} * 2^(1-{fmt.bias}) * {m}/{2**fmt.man_bits}   (subnormal)"
+    return f"(-1)^{s} * 2^({e}-{fmt.bias}) * (1 + {m}/{2**fmt.man_bits})"
 
 
 def bit_string(bits: int, fmt: FloatFormat | str) -> str:

@@ -26,6 +26,7 @@ from ampteach.formats import (
     decode,
     encode,
     format_table,
+    formula,
     grid_near,
     like_torch,
     round_to_bf16,
@@ -270,8 +271,8 @@ def test_round_to_format_like_torch_on_named_edge_cases(name):
     assert_same_floats(round_to_format(x, fmt), torch_round(x, fmt), x)
 
 
-def test_reference_sheet_facts():
-    """The rounding facts the course's reference sheet states for torch 2.13 (torch checks them too)."""
+def test_rounding_facts_the_lessons_state():
+    """Roundings lessons 1 and 2 state in words (torch checks them too)."""
     facts = {
         "fp16": ([2049, 2051, 65519, 65520], [2048, 2052, 65504, math.inf]),
         "bf16": ([257, 259, 3.4028234663852886e38], [256, 260, math.inf]),
@@ -410,3 +411,19 @@ def test_bit_string_shows_the_three_fields():
     assert bit_string(0x3C00, "fp16") == "0 01111 0000000000"
     assert bit_string(encode(-2.0, "bf16"), "bf16") == "1 10000000 0000000"
     assert bit_string(FORMATS["fp8_e4m3"].max_code, "fp8_e4m3") == "0 1111 110"
+
+
+@pytest.mark.parametrize("name", SMALL_FORMATS)
+def test_formula_written_out_evaluates_to_torchs_value_for_every_pattern(name):
+    fmt = FORMATS[name]
+    theirs = all_patterns(fmt).double().tolist()
+    for code, value in enumerate(theirs):
+        text = formula(code, fmt)
+        if math.isnan(value):
+            assert text == "NaN pattern", (code, text)
+        elif math.isinf(value):
+            assert text == "all-ones exponent: inf", (code, text)
+        else:
+            ours = eval(text.split("   ")[0].replace("^", "**"), {})   # e.g. (-1)**1 * 2**(1-15) * 3/1024
+            assert ours == value and math.copysign(1, ours) == math.copysign(1, value), (code, text)
+            assert text.endswith("(subnormal)") == (code & (2 ** (fmt.bits - 1) - 1) < 2**fmt.man_bits)
