@@ -41,6 +41,7 @@ class Report:
     dataset_found: bool
     dataset_counts: tuple[int, int] | None
     probe: dict[str, dict[str, float]] = field(default_factory=dict)  # device -> {fp16, bf16}: speed-up vs fp32
+    onednn_half: dict[str, bool] = field(default_factory=dict)  # {bf16, fp16}: PyTorch's oneDNN CPU kernels usable here
     recommendation: str = ""
     reason: str = ""
 
@@ -89,6 +90,16 @@ def cuda_info() -> dict | None:
         "memory_gib": round(props.total_memory / 2**30, 1),
         "cuda": torch.version.cuda,
     }
+
+
+def onednn_half() -> dict[str, bool]:
+    """Whether PyTorch's CPU matmuls can use oneDNN's bf16 / fp16 kernels here (bf16 needs AVX512 or AVX-NE-CONVERT,
+    fp16 AVX512-FP16 or AVX-NE-CONVERT); without them a half matmul runs in a generic fallback loop."""
+    try:
+        return {"bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+                "fp16": bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())}
+    except (AttributeError, RuntimeError):  # a torch built without oneDNN
+        return {}
 
 
 def dataset_status() -> tuple[str, bool, tuple[int, int] | None]:
@@ -166,7 +177,7 @@ def collect(probe: bool = True) -> Report:
         platform=f"{platform.system()} {platform.machine()}", cpu_name=cpu_name,
         cpu_capability=torch.backends.cpu.get_cpu_capability(), cpu_flags=flags or {},
         threads=torch.get_num_threads(), cpu_count=os.cpu_count() or 1, cuda=cuda,
-        dataset_root=root, dataset_found=found, dataset_counts=counts, probe=speed,
+        dataset_root=root, dataset_found=found, dataset_counts=counts, probe=speed, onednn_half=onednn_half(),
         recommendation=rec, reason=why,
     )
 
@@ -193,6 +204,9 @@ def format_report(r: Report, paths: bool = True) -> str:
         f"  native half  {flags}",
         f"  threads      {r.threads} torch threads, {r.cpu_count} logical CPUs",
     ]
+    if r.onednn_half:
+        kernels = ", ".join(f"{k} {yes[v]}" for k, v in r.onednn_half.items())
+        lines.append(f"  oneDNN half  {kernels} (PyTorch's fast CPU kernels for half-precision matmuls)")
     for device, speeds in r.probe.items():
         measured = ", ".join(f"{k} {v:.2f}x" for k, v in speeds.items())
         lines.append(f"  probe        {device} matmul speed vs fp32: {measured}")

@@ -23,6 +23,9 @@ def test_report_holds_the_machine_facts():
     assert "Recommended" in text and report.recommendation in text
     if not torch.cuda.is_available():
         assert report.cuda is None and "GPU            none" in text
+    assert report.onednn_half == {"bf16": torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+                                  "fp16": torch.ops.mkldnn._is_mkldnn_fp16_supported()}
+    assert f"oneDNN half  bf16 {'yes' if report.onednn_half['bf16'] else 'no'}" in text
 
 
 def test_dataset_is_found_where_the_loader_looks(monkeypatch, tmp_path):
