@@ -24,10 +24,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .mx import ELEMENT_FORMATS, MXTensor, mx_dequantize, mx_quantize
+from .mx import ELEMENT_FORMATS, MXTensor, mx_dequantize, mx_fake_quantize, mx_quantize
 
 __all__ = ["FP8_DTYPES", "RECIPES", "quantize_tensorwise", "dequantize", "DelayedScaling", "mx_quantize",
-           "mx_dequantize", "MXTensor", "Float8Linear", "convert_to_float8_training", "ELEMENT_FORMATS"]
+           "mx_dequantize", "mx_fake_quantize", "MXTensor", "Float8Linear", "convert_to_float8_training", "ELEMENT_FORMATS"]
 
 FP8_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 EPS = 1e-12                     # torchao's floor on amax: an all-zero tensor gets scale max / 1e-12
@@ -162,8 +162,7 @@ class _MX:
         self.scale_rounding, self.block_size = scale_rounding, block_size
 
     def cast(self, role: str, x: Tensor, record: bool = True) -> Tensor:
-        mx = mx_quantize(x.contiguous(), HYBRID[role], self.block_size, self.scale_rounding)
-        return mx_dequantize(mx)
+        return mx_fake_quantize(x.contiguous(), HYBRID[role], self.block_size, self.scale_rounding)
 
 
 def _make_recipe(recipe: str, **kwargs):

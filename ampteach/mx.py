@@ -102,9 +102,9 @@ def round_to_element(v: Tensor, elem: ElementFormat | str) -> Tensor:
     |v| ~ n * 2^(E - M), n = round_half_even(|v| / 2^(E - M)), E = max(floor(log2 |v|), emin)
     """
     fmt = element_format(elem)
-    magnitude = v.float().abs().clamp(max=fmt.max)        # saturate first: max is on the grid
-    exponent = torch.frexp(magnitude).exponent - 1         # floor(log2 |v|), exact (0 for 0)
-    step = torch.ldexp(torch.ones_like(magnitude), exponent.clamp(min=fmt.emin) - fmt.man_bits)
+    magnitude = v.float().abs().clamp(max=fmt.max)         # saturate first: max is on the grid
+    exponent = (_exponent_field(magnitude) - 127).clamp_(min=fmt.emin)   # E: below emin, fmt's subnormals
+    step = (exponent - fmt.man_bits + 127).bitwise_left_shift_(23).view(torch.float32)   # 2^(E - M), exactly
     return torch.round(magnitude / step).mul_(step).copysign_(v)   # torch.round: halves to even; NaN stays
 
 
@@ -172,6 +172,26 @@ def mx_quantize(x: Tensor, elem: ElementFormat | str = "fp8_e4m3", block_size: i
     -127, 127) ("rceil", amax * float32(1/max_elem) in float32); element = RNE(v / 2^e), saturating.
     """
     fmt = element_format(elem)
+    exponent, rounded = _quantize_blocks(x, fmt, block_size, scale_rounding)
+    rounded = rounded.flatten(-2)[..., : x.shape[-1]]            # drop the padding
+    if fmt.torch_dtype is not None:
+        elements = rounded.to(fmt.torch_dtype)                  # exact: every value is on the grid
+    else:
+        elements = element_codes(rounded, fmt)
+    codes = (exponent + E8M0_BIAS).to(torch.uint8)               # 255 (NaN) where exponent is 128
+    return MXTensor(elements, codes, fmt.name, block_size, scale_rounding)
+
+
+def mx_fake_quantize(x: Tensor, elem: ElementFormat | str = "fp8_e4m3", block_size: int = 32,
+                     scale_rounding: str = "floor") -> Tensor:
+    """mx_dequantize(mx_quantize(x, ...)) in one pass, without storing codes: what an MX matmul multiplies."""
+    fmt = element_format(elem)
+    exponent, rounded = _quantize_blocks(x, fmt, block_size, scale_rounding)
+    return (rounded * _scales(exponent).unsqueeze(-1)).flatten(-2)[..., : x.shape[-1]]
+
+
+def _quantize_blocks(x: Tensor, fmt: ElementFormat, block_size: int, scale_rounding: str) -> tuple[Tensor, Tensor]:
+    """Block exponents (128 where the block holds inf or NaN) and the rounded elements, (..., n_blocks, block_size)."""
     if scale_rounding not in SCALE_ROUNDINGS:
         raise ValueError(f"scale_rounding must be 'floor' (the OCP spec) or 'rceil' (Transformer Engine, "
                          f"cuBLAS), got {scale_rounding!r}")
@@ -182,17 +202,10 @@ def mx_quantize(x: Tensor, elem: ElementFormat | str = "fp8_e4m3", block_size: i
         raise TypeError(f"mx_quantize takes a floating-point tensor with at least one dimension, got {got}")
     blocks = _blocks(x.float(), block_size)                      # (..., n_blocks, block_size)
     amax = blocks.abs().amax(dim=-1)                             # NaN in a block gives NaN
-    exponent = shared_exponent(amax, fmt, scale_rounding)
     finite = torch.isfinite(amax)
+    exponent = torch.where(finite, shared_exponent(amax, fmt, scale_rounding), E8M0_NAN - E8M0_BIAS)
     scaled = blocks / _scales(exponent).unsqueeze(-1)            # exact: a power of two
-    rounded = torch.where(finite.unsqueeze(-1), round_to_element(scaled, fmt), 0.0)
-    rounded = rounded.flatten(-2)[..., : x.shape[-1]]            # drop the padding
-    if fmt.torch_dtype is not None:
-        elements = rounded.to(fmt.torch_dtype)                  # exact: every value is on the grid
-    else:
-        elements = element_codes(rounded, fmt)
-    codes = torch.where(finite, exponent + E8M0_BIAS, E8M0_NAN).to(torch.uint8)
-    return MXTensor(elements, codes, fmt.name, block_size, scale_rounding)
+    return exponent, torch.where(finite.unsqueeze(-1), round_to_element(scaled, fmt), 0.0)
 
 
 def mx_dequantize(mx: MXTensor) -> Tensor:

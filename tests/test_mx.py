@@ -18,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ampteach.mx import ELEMENT_FORMATS, MXTensor, mx_dequantize, mx_quantize, round_to_element
+from ampteach.mx import ELEMENT_FORMATS, MXTensor, mx_dequantize, mx_fake_quantize, mx_quantize, round_to_element
 
 FORMATS = list(ELEMENT_FORMATS)
 ROUNDINGS = ("floor", "rceil")
@@ -225,6 +225,7 @@ def test_nan_and_inf_blocks_get_the_nan_scale():
         assert mx.scale_codes[:2, 0].tolist() == [255, 255] and (mx.scale_codes[:, 1] != 255).all()
         y = mx_dequantize(mx)
         assert y[:2, :2].isnan().all() and not y[:, 2:].isnan().any() and not y[2].isnan().any()
+        assert torch.equal(y.isnan(), mx_fake_quantize(x, name, block_size=2).isnan())
 
 
 def test_codes_and_storage():
@@ -285,6 +286,7 @@ def test_wide_inputs_match_the_reference(values, name, rounding, block_size):
     ref_e, ref_y = ref_mx(values, name, block_size, rounding)
     assert mx.scale_exponents.tolist() == ref_e
     assert torch.equal(bits(mx_dequantize(mx)), bits(torch.tensor(ref_y)))
+    assert torch.equal(bits(mx_fake_quantize(torch.tensor(values), name, block_size, rounding)), bits(torch.tensor(ref_y)))
 
 
 # --- torchao's MX quantizer, where it is installed -------------------------------------------------------
