@@ -1,26 +1,34 @@
-"""Where training memory goes, per parameter: counted from the real tensors, and measured on CUDA.
+"""Where training memory goes, per parameter: counted from the real tensors, between steps and during one.
 
     step = lambda: train_step(model, x, y, opt, scaler, config, master=master)
     used = measure_step(step, model)          # activations autograd saved; CUDA peak on a GPU
     b = memory_breakdown(model, opt, master)  # after a step, so grads and optimizer state exist
     b.per_param        # fp32 + AdamW: {'weights': 4.0, 'grads': 4.0, 'master': 0.0, ..., 'optimizer': 8.0}
     print(memory_table({"fp32": b32, "O2": b_o2}))
+    peak = measure_peak(step, model, opt, master)   # bytes alive at the step's high point, any device
 
 bytes(category) = sum of nbytes over the distinct storages its tensors live in (numel * element_size
 for an ordinary tensor). Each storage counts once, in the first category that holds it: an fp32
-parameter that is its own master adds nothing under "master".
+parameter that is its own master adds nothing under "master". memory_breakdown is the steady state,
+what a run holds between steps; measure_peak follows every tensor the step allocates and frees, so
+it also sees what lives only inside the step (activations, autocast's half weight copies, the
+optimizer's temporaries).
 """
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 # In counting order: a storage already counted in an earlier category is not counted again.
-CATEGORIES = ("weights", "grads", "master", "master_grads", "optimizer")
+CATEGORIES = ("weights", "grads", "master", "master_grads", "compensation", "optimizer")
 
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int]:
@@ -68,25 +76,34 @@ class MemoryBreakdown:
 
 def memory_breakdown(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                      master=None) -> MemoryBreakdown:
-    """Count the bytes of model's weights, grads, master copies (a MasterWeights) and optimizer state.
+    """Count the bytes of model's weights, grads, master copies, compensation buffers and optimizer state.
 
-    Measure after a training step: gradients and optimizer state (AdamW: exp_avg, exp_avg_sq, and a
-    step counter per parameter) only exist once a step has made them.
+    master: a MasterWeights (fp32 copies) or a HalfWeights (working copies that exist only during a
+    step, and Kahan compensation buffers). Measure after a training step: gradients and optimizer
+    state (AdamW: exp_avg, exp_avg_sq, and a step counter per parameter) only exist once a step has
+    made them.
     """
     counter = _StorageCounter()
-    by_param = {}
-    for name, p in model.named_parameters():
-        m = master.master_of(p) if master is not None and p.requires_grad else p
-        state = optimizer.state.get(m, {}) if optimizer is not None else {}
-        by_param[name] = {
-            "weights": counter.add(p),
-            "grads": counter.add(p.grad),
-            "master": counter.add(m),
-            "master_grads": counter.add(m.grad),
-            "optimizer": sum(counter.add(v) for v in state.values()),
-        }
+    by_param: dict[str, dict[str, int]] = {}
+    for name, category, t in _held_tensors(model, optimizer, master):
+        row = by_param.setdefault(name, dict.fromkeys(CATEGORIES, 0))
+        row[category] += counter.add(t)
     buffers = sum(counter.add(b) for b in model.buffers())
     return MemoryBreakdown(sum(p.numel() for p in model.parameters()), by_param, buffers)
+
+
+def _held_tensors(model: nn.Module, optimizer, master) -> Iterator[tuple[str, str, torch.Tensor | None]]:
+    """(parameter name, category, tensor or None) for everything held for each parameter, in CATEGORIES order."""
+    for name, p in model.named_parameters():
+        m = master.master_of(p) if master is not None and p.requires_grad else p
+        compensation = getattr(master, "compensation_of", lambda _: None)(p) if p.requires_grad else None
+        yield name, "weights", p
+        yield name, "grads", p.grad
+        yield name, "master", m
+        yield name, "master_grads", m.grad
+        yield name, "compensation", compensation
+        for v in (optimizer.state.get(m, {}) if optimizer is not None else {}).values():
+            yield name, "optimizer", v
 
 
 @dataclass
@@ -131,6 +148,94 @@ def measure_step(step: Callable[[], object], model: nn.Module,
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device)
     return StepMemory(saved, before, peak)
+
+
+PHASES = ("forward", "backward", "optimizer")
+
+
+@dataclass
+class PeakMemory:
+    """Bytes of tensors alive during one training step, measured op by op (measure_peak)."""
+
+    steady: int                         # held when the step began: memory_breakdown(...).total
+    peak: int                           # the most bytes alive at once during the step
+    peak_phase: str                     # where the peak came: "forward", "backward" or "optimizer"
+    timeline: list[tuple[str, int]]     # (phase, bytes alive) after every op of the step
+    n_params: int = 1
+
+    @property
+    def per_param(self) -> tuple[float, float]:
+        """(steady, peak) in bytes per parameter value."""
+        return self.steady / self.n_params, self.peak / self.n_params
+
+
+def measure_peak(step: Callable[[], object], model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 master=None) -> PeakMemory:
+    """Run step() once and follow every tensor it allocates and frees: the peak of a training step, on any device.
+
+        peak = measure_peak(lambda: train_step(model, x, y, opt, scaler, config, master=master), model, opt, master)
+
+    bytes alive = steady + what the step allocated and still holds - what it freed of the steady
+    tensors (e.g. last step's gradients, freed by zero_grad). Allocations are seen as op outputs
+    (a TorchDispatchMode), frees when a storage dies. Not counted: memory an op uses only inside its
+    kernel, and tensors made before the step (its inputs x, y). The phase is "backward" while
+    autograd's engine runs, "optimizer" after it.
+    """
+    steady = memory_breakdown(model, optimizer, master).total
+    held = itertools.chain((t for _, _, t in _held_tensors(model, optimizer, master)), model.buffers())
+    live = _LiveBytes(held, steady)      # a generator: no reference here may keep a tensor the step frees
+    with live:
+        step()
+    return PeakMemory(steady, live.peak, live.peak_phase, live.timeline, sum(p.numel() for p in model.parameters()))
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Counts the bytes of live storages: new op outputs are added, and any tracked storage that dies is taken off."""
+
+    def __init__(self, held: Iterable[torch.Tensor | None], steady: int):
+        super().__init__()
+        self.live = self.peak = steady
+        self.phase, self.peak_phase = "forward", "forward"
+        self.timeline: list[tuple[str, int]] = []
+        self._tracked: dict[tuple[str, int], weakref.finalize] = {}
+        for t in held:
+            self._track(t, count=False)            # already in steady: only their frees change the count
+
+    def _track(self, t, count: bool = True) -> None:
+        if not isinstance(t, torch.Tensor) or t.untyped_storage().nbytes() == 0:
+            return
+        storage = t.untyped_storage()
+        key = _storage_key(t)
+        if key in self._tracked:
+            return
+        self._tracked[key] = weakref.finalize(storage, self._free, key, storage.nbytes())
+        if count:
+            self.live += storage.nbytes()
+
+    def _free(self, key: tuple[str, int], nbytes: int) -> None:
+        self._tracked.pop(key, None)
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        for t in tree_leaves((args, kwargs)):
+            self._track(t, count=False)            # made before the step (its inputs): not the step's memory
+        out = func(*args, **(kwargs or {}))
+        in_backward = torch._C._current_graph_task_id() != -1
+        if in_backward:
+            self.phase = "backward"
+        elif self.phase == "backward":
+            self.phase = "optimizer"
+        for t in tree_leaves(out):
+            self._track(t)
+        if self.live > self.peak:
+            self.peak, self.peak_phase = self.live, self.phase
+        self.timeline.append((self.phase, self.live))
+        return out
+
+    def __exit__(self, *exc):
+        for finalizer in self._tracked.values():
+            finalizer.detach()                     # storages that outlive the step no longer report here
+        return super().__exit__(*exc)
 
 
 def memory_table(breakdowns: dict[str, MemoryBreakdown], steps: dict[str, StepMemory] | None = None,

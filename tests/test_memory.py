@@ -8,7 +8,7 @@ from torch import nn
 
 import ampteach
 from ampteach.master import MasterWeights, to_half
-from ampteach.memory import CATEGORIES, memory_breakdown, memory_table, measure_step
+from ampteach.memory import CATEGORIES, measure_peak, measure_step, memory_breakdown, memory_table
 from ampteach.train import TrainConfig, prepare, train_step
 
 FP32, FP16, INT64 = (torch.empty(0, dtype=d).element_size() for d in (torch.float32, torch.float16, torch.int64))
@@ -47,7 +47,7 @@ def test_fp32_weights_with_adamw_hold_4_plus_4_plus_8_bytes_per_parameter(precis
     b = memory_breakdown(model, opt, master)
     assert b.n_params == N
     assert b.totals == {"weights": FP32 * N, "grads": FP32 * N, "master": 0, "master_grads": 0,
-                        "optimizer": ADAMW_STATE}
+                        "compensation": 0, "optimizer": ADAMW_STATE}
     assert b.buffers == 0 and b.total == sum(b.totals.values())
     assert b.per_param["weights"] == b.per_param["grads"] == 4.0
 
@@ -56,9 +56,9 @@ def test_o2_holds_half_weights_and_grads_plus_fp32_master_and_its_grads():
     model, master, opt = after_one_step(TrainConfig(precision="fp16", recipe="master", optimizer="adamw"))
     b = memory_breakdown(model, opt, master)
     assert b.totals == {"weights": FP16 * N, "grads": FP16 * N, "master": FP32 * N, "master_grads": FP32 * N,
-                        "optimizer": ADAMW_STATE}
+                        "compensation": 0, "optimizer": ADAMW_STATE}
     assert {c: round(v, 2) for c, v in b.per_param.items() if c != "optimizer"} == \
-        {"weights": 2.0, "grads": 2.0, "master": 4.0, "master_grads": 4.0}
+        {"weights": 2.0, "grads": 2.0, "master": 4.0, "master_grads": 4.0, "compensation": 0.0}
 
 
 def test_fp32_norm_parameters_are_their_own_master_and_count_once():
@@ -73,16 +73,18 @@ def test_fp32_norm_parameters_are_their_own_master_and_count_once():
         "grads": FP16 * n_half + FP32 * n_fp32,
         "master": FP32 * n_half,                                    # none for the fp32 BatchNorm parameters
         "master_grads": FP32 * n_half,
+        "compensation": 0,
         "optimizer": FP32 * (n_half + n_fp32),                      # SGD momentum buffer
     }
-    assert b.by_param["1.weight"] == {"weights": 16, "grads": 16, "master": 0, "master_grads": 0, "optimizer": 16}
+    assert b.by_param["1.weight"] == {"weights": 16, "grads": 16, "master": 0, "master_grads": 0, "compensation": 0,
+                                      "optimizer": 16}
     assert b.buffers == 2 * FP32 * 4 + INT64                        # running mean, var; num_batches_tracked
 
 
 def test_only_tensors_that_exist_are_counted():
     model = ampteach.mlp((HIDDEN,))
     assert memory_breakdown(model).totals == {"weights": FP32 * N, "grads": 0, "master": 0, "master_grads": 0,
-                                              "optimizer": 0}
+                                              "compensation": 0, "optimizer": 0}
     model, master, opt = after_one_step(TrainConfig(optimizer="sgd", momentum=0.0))
     assert memory_breakdown(model, opt).totals["optimizer"] == 0   # plain SGD keeps no state
 
@@ -151,3 +153,65 @@ def test_memory_table_prints_bytes_per_parameter_and_the_optional_columns():
     lines = memory_table(breakdowns, steps, batch_size=8).splitlines()
     assert lines[0].split()[-4:] == ["saved/sample", "CUDA", "peak", "MiB"]
     assert lines[1].split()[-2:] == ["100", "-"] and lines[2].split()[-2:] == ["100", "3.0"]
+
+
+def test_measure_peak_adds_what_the_step_allocates_and_subtracts_what_it_frees():
+    model = nn.Linear(10, 10, bias=False)                          # steady: 400 bytes of weights
+
+    def step():
+        a = torch.empty(1000)                                      # + 4000
+        b = torch.empty(500)                                       # + 2000
+        del a                                                      # - 4000, as soon as it is freed
+        c = torch.empty(3000)                                      # + 12000: the high point
+        return b, c
+
+    peak = measure_peak(step, model)
+    assert peak.steady == FP32 * 100
+    assert peak.timeline == [("forward", 400 + 4000), ("forward", 400 + 6000), ("forward", 400 + 2000 + 12000)]
+    assert (peak.peak, peak.peak_phase) == (400 + 14000, "forward")
+
+
+def test_measure_peak_counts_the_steady_tensors_a_step_frees():
+    model = nn.Linear(10, 10, bias=False)
+    model.weight.grad = torch.ones(10, 10)                         # steady: weights + last step's grad
+
+    def step():
+        model.weight.grad = None                                   # zero_grad(set_to_none=True)
+        torch.empty(50)
+
+    peak = measure_peak(step, model)
+    assert peak.steady == 800 and peak.timeline == [("forward", 800 - 400 + 200)] and peak.peak == 800
+
+
+def test_measure_peak_names_the_phase_of_every_op():
+    model = nn.Linear(10, 10)
+    x = torch.randn(4, 10)                                         # made before the step: not counted
+
+    def step():
+        model(x).sum().backward()
+        with torch.no_grad():
+            model.weight.sub_(model.weight.grad)
+
+    phases = [phase for phase, _ in measure_peak(step, model).timeline]
+    first_backward, first_optimizer = phases.index("backward"), phases.index("optimizer")
+    assert set(phases[:first_backward]) == {"forward"}
+    assert set(phases[first_backward:first_optimizer]) == {"backward"} and set(phases[first_optimizer:]) == {"optimizer"}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_training_step_peaks_above_its_steady_state_by_what_only_lives_inside_the_step(precision):
+    config = TrainConfig(precision=precision, optimizer="adamw")
+    model, master, opt = after_one_step(config)
+    scaler = prepare(model, config, optimizer=opt, master=master).scaler
+    x, y = batch()
+    step = lambda: train_step(model, x, y, opt, scaler, config, master=master)  # noqa: E731
+    saved = measure_step(step, model).saved
+    peak = measure_peak(step, model, opt, master)
+    assert peak.steady == memory_breakdown(model, opt, master).total == (16 * N + FP32 * len(MLP_SHAPES))
+    forward_high = max(b for phase, b in peak.timeline if phase == "forward")
+    input_saved = FP32 * x.numel() if precision == "fp32" else 0   # fp32 saves x itself: made before the step
+    assert forward_high >= peak.steady + saved - input_saved       # the activations kept for backward
+    if precision == "fp16":                                        # O1: autocast's half copies of the weights
+        weights = numel(MLP_SHAPES[0]) + numel(MLP_SHAPES[2])
+        assert forward_high >= peak.steady + FP16 * weights
+    assert peak.peak >= forward_high and peak.per_param[0] == peak.steady / N
