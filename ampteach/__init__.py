@@ -38,6 +38,10 @@ from .autocast import autocast, custom_bwd, custom_fwd
 # lesson 5: recipes, checkpoints, scale-out
 from .checkpoint import load_checkpoint, save_checkpoint
 
+# lesson 7: when mixed precision pays off
+from .roofline import plot_roofline, roofline_table
+from .step_time import amdahl, profile_step, width_sweep
+
 __all__ = [
     "DataFileError", "DatasetNotFoundError", "FashionMNIST", "course_split", "load_fashion_mnist", "preload",
     "cnn", "mlp", "seed_everything", "History", "TrainConfig", "evaluate", "train",
@@ -48,4 +52,5 @@ __all__ = [
     "MasterWeights", "to_half", "measure_step", "memory_breakdown",
     "autocast", "custom_bwd", "custom_fwd",
     "load_checkpoint", "save_checkpoint",
+    "plot_roofline", "roofline_table", "amdahl", "profile_step", "width_sweep",
 ]
