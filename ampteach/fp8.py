@@ -156,13 +156,20 @@ class _Delayed:
 
 
 class _MX:
-    """Blocks of 32 along the last dimension, which Float8Linear makes the dimension each matmul sums over."""
+    """Blocks of 32 along the last dimension, which Float8Linear makes the dimension each matmul sums over.
+    elements: an element format per role (default HYBRID's); e.g. {"input": "fp4_e2m1", ...} for MXFP4."""
 
-    def __init__(self, scale_rounding: str = "rceil", block_size: int = 32):
+    def __init__(self, scale_rounding: str = "rceil", block_size: int = 32, elements: dict[str, str] | None = None):
         self.scale_rounding, self.block_size = scale_rounding, block_size
+        self.elements = {**HYBRID, **(elements or {})}
+        mx_fake_quantize(torch.zeros(1), "fp8_e4m3", block_size, scale_rounding)   # refuse bad options now
+        unknown = set(self.elements.values()) - set(ELEMENT_FORMATS)
+        if unknown or set(self.elements) != set(HYBRID):
+            raise ValueError(f"elements maps the roles {list(HYBRID)} to MX element formats "
+                             f"{list(ELEMENT_FORMATS)}, got {elements!r}")
 
     def cast(self, role: str, x: Tensor, record: bool = True) -> Tensor:
-        return mx_fake_quantize(x.contiguous(), HYBRID[role], self.block_size, self.scale_rounding)
+        return mx_fake_quantize(x.contiguous(), self.elements[role], self.block_size, self.scale_rounding)
 
 
 def _make_recipe(recipe: str, **kwargs):
@@ -222,7 +229,8 @@ class Float8Linear(nn.Linear):
 
     out = fp8(x) @ fp8(weight).T + bias, float32 accumulation; the bias is added in float32. recipe:
     "tensorwise" (torchao's default), "delayed" (options history_len, algo, margin: DelayedScaling's)
-    or "mx" (options scale_rounding, "rceil" by default as in Transformer Engine's MXFP8, block_size).
+    or "mx" (options scale_rounding, "rceil" by default as in Transformer Engine's MXFP8, block_size, and
+    elements, an MX element format per role: {"input": "fp4_e2m1", "weight": "fp4_e2m1"} trains in MXFP4).
     Delayed scaling keeps its histories and scales as buffers (input_amax_history, input_scale, ...),
     so they are saved with the state_dict; in eval mode it casts with them and records nothing.
     """

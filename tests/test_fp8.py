@@ -229,6 +229,21 @@ def test_mx_linear_blocks_along_the_summed_dimension(linear_case):
     assert torch.equal(gb, g.sum(0))
 
 
+def test_mx_linear_takes_other_element_formats(linear_case):
+    lin, x, g = linear_case
+    elements = {"input": "fp4_e2m1", "weight": "fp6_e2m3"}
+    layer = Float8Linear.from_float(copy.deepcopy(lin), recipe="mx", scale_rounding="floor", elements=elements)
+    out, gx, _, _ = run(layer, x, g)
+    w = lin.weight.detach()
+    x4, w6 = mx_dequantize(mx_quantize(x, "fp4_e2m1")), mx_dequantize(mx_quantize(w, "fp6_e2m3"))
+    assert torch.equal(out, x4 @ w6.T + lin.bias.detach())
+    assert torch.equal(gx, mx_dequantize(mx_quantize(g, "fp8_e5m2")) @ mx_dequantize(mx_quantize(w.T.contiguous(), "fp6_e2m3")).T)
+    with pytest.raises(ValueError, match="element formats"):
+        Float8Linear(4, 4, recipe="mx", elements={"input": "int8"})
+    with pytest.raises(ValueError, match="scale_rounding"):
+        Float8Linear(4, 4, recipe="mx", scale_rounding="ceil")
+
+
 def test_delayed_linear_casts_with_the_previous_scales(linear_case):
     lin, x, g = linear_case
     layer = Float8Linear.from_float(copy.deepcopy(lin), recipe="delayed", history_len=4)
