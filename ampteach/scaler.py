@@ -18,24 +18,28 @@ overflows to inf: the step is skipped and S halves, so S settles just below the 
 The numerics are torch's, so results agree bit for bit (tests/test_scaler.py): 1/S is computed in
 float64 and rounded once to float32, the gradients are multiplied by it (not divided by S), the
 inf/NaN check reads the gradients before they are unscaled, and S is updated with float64 math
-rounded to float32, never growing to inf.
+rounded to float32, never growing to inf. So are the misuse errors (same exception types as torch)
+and the private hooks third-party optimizers call (_step_supports_amp_scaling, tests/test_scaler_dropin.py).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
+import operator
 import warnings
 from collections import abc, defaultdict
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 import torch
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
+BUCKET_NUMEL = 1 << 19   # smaller gradients are checked together in flat copies of at most this many elements
+UNSCALABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)   # what torch's kernel takes
 
-_MISSING_SCALE = ("Attempted {} but _scale is None.  This may indicate your script did not use "
-                  "scaler.scale(loss or outputs) earlier in the iteration.")
+_FIX = "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration."
 _FP16_GRADS = (
     "Attempting to unscale FP16 gradients. The optimizer holds fp16 parameters (model.half()?), so "
     "their gradients are fp16 too, and unscaling them in fp16 loses what loss scaling saved: "
@@ -43,6 +47,8 @@ _FP16_GRADS = (
     "Keep fp32 master weights instead: leave the model in fp32 and run the forward under autocast, "
     "or give the optimizer fp32 copies of the weights (lesson 3, ampteach.MasterWeights)."
 )
+_NEW_SCALE = ("new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
+              "torch.FloatTensor with requires_grad=False.")
 
 
 class OptState(Enum):
@@ -53,54 +59,130 @@ class OptState(Enum):
     STEPPED = 2     # step ran (or was skipped); only update() moves on
 
 
-@dataclass
-class _OptimizerState:
-    stage: OptState = OptState.READY
-    found_inf: torch.Tensor | None = None   # float32 0-d on the scale's device: 1.0 if a grad was inf/NaN
+def _refresh_per_optimizer_state() -> dict[str, Any]:
+    """One optimizer's state, in torch's layout (optimizers on torch's protocol read it): found_inf per device."""
+    return {"stage": OptState.READY, "found_inf_per_device": {}}
 
 
-def _found_inf_and_unscale_(grads: list[torch.Tensor], inv_scale: torch.Tensor | None) -> torch.Tensor:
-    """1.0 if any element of grads is inf or NaN (as read BEFORE unscaling), else 0.0; then grads *= inv_scale.
+class _PerDevice:
+    """Copies of one tensor, made lazily, one per device asked for (torch's _MultiDeviceReplicator)."""
 
-    max|g| per tensor is inf or NaN exactly when the tensor holds an inf or NaN (max propagates NaN).
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.copies: dict[torch.device, torch.Tensor] = {}
+
+    def get(self, device: torch.device) -> torch.Tensor:
+        if device not in self.copies:
+            self.copies[device] = self.tensor.to(device=device, non_blocking=True, copy=True)
+        return self.copies[device]
+
+
+def non_finite_check_and_unscale_(grads: list[torch.Tensor], found_inf: torch.Tensor,
+                                  inv_scale: torch.Tensor | None) -> None:
+    """ampteach's torch._amp_foreach_non_finite_check_and_unscale_: same arguments, same result, ordinary ops.
+
+        non_finite_check_and_unscale_(grads, found_inf, inv_scale)   # found_inf: 1-element float32, on grads' device
+
+    found_inf <- 1.0 if any element of grads is inf or NaN (read BEFORE unscaling), else left as it is;
+    then every grad <- grad * inv_scale, in place (inv_scale None: check only). One pass reads the
+    gradients for the check: aminmax (both extremes, NaN if any NaN) of each gradient of at least
+    BUCKET_NUMEL elements, and of the smaller ones copied together into one reused buffer of at most
+    BUCKET_NUMEL elements (one reduction for many small tensors; extra memory bounded by the buffer,
+    whatever the model's size).
     """
-    max_abs = torch.stack(torch._foreach_max(torch._foreach_abs(grads)))
-    found_inf = (~torch.isfinite(max_abs)).any().float()
+    if found_inf.numel() != 1 or found_inf.dtype != torch.float32:
+        raise RuntimeError(f"found_inf must be a 1-element float tensor, got {found_inf.dtype} of shape "
+                           f"{tuple(found_inf.shape)}: pass torch.zeros((), device=...) and read it afterwards")
+    for grad in grads:
+        if grad.dtype not in UNSCALABLE_DTYPES:
+            raise NotImplementedError(
+                f"cannot unscale {grad.dtype} gradients (torch's kernel neither): loss scaling serves real "
+                f"float16/bfloat16/float32/float64 gradients. Keep {grad.dtype} parameters out of this "
+                f"optimizer, or check and scale their gradients yourself.")
+    extremes: list[torch.Tensor] = []
+    buckets = _buckets(grads)
+    buffer = None
+    for bucket, numel in buckets:
+        if len(bucket) == 1:
+            flat = bucket[0]
+        else:   # one buffer for all buckets: a fresh allocation per bucket fragments the heap (+200 MB peak)
+            if buffer is None:
+                dtype = functools.reduce(torch.promote_types, (g.dtype for g in grads))
+                buffer = torch.empty(max(n for _, n in buckets), dtype=dtype, device=grads[0].device)
+            flat = torch.cat(list(map(torch.flatten, bucket)), out=buffer[:numel])
+        extremes += torch.aminmax(flat)
+    if extremes:
+        found_inf.masked_fill_(~torch.stack(extremes).isfinite().all(), 1.0)
     if inv_scale is not None:
-        torch._foreach_mul_(grads, inv_scale.to(grads[0].device))   # g * fp32(1/S), in g's dtype
-    return found_inf
+        if inv_scale.numel() != 1 or inv_scale.dtype != torch.float32:
+            raise RuntimeError(f"inv_scale must be a 1-element float tensor, got {inv_scale.dtype} of shape "
+                               f"{tuple(inv_scale.shape)}")
+        torch._foreach_mul_(grads, inv_scale.reshape(()))   # g * fp32(1/S), computed in g's dtype
+
+
+def _buckets(grads: list[torch.Tensor]) -> list[tuple[list[torch.Tensor], int]]:
+    """(tensors, their numel) for the check: a big tensor alone, small ones together up to BUCKET_NUMEL; no empties."""
+    buckets: list[tuple[list[torch.Tensor], int]] = []
+    small: list[torch.Tensor] = []
+    filled = 0
+    for grad in grads:
+        n = grad.numel()
+        if n >= BUCKET_NUMEL:
+            buckets.append(([grad], n))
+        elif n:
+            if filled + n > BUCKET_NUMEL:
+                buckets.append((small, filled))
+                small, filled = [], 0
+            small.append(grad)
+            filled += n
+    if small:
+        buckets.append((small, filled))
+    return buckets
 
 
 class _LossScaler:
-    """What every loss scaler shares: the scale tensor, the per-optimizer stages, unscale_ and step."""
+    """What every loss scaler shares: the scale tensor, the per-optimizer stages, unscale_, step and update."""
 
     def __init__(self, init_scale: float, enabled: bool) -> None:
         self._enabled = enabled
         self._init_scale = init_scale
         self._scale: torch.Tensor | None = None   # float32 0-d, created by the first scale() on its device
-        self._per_optimizer_states: dict[int, _OptimizerState] = defaultdict(_OptimizerState)
-        self._scales: list[float] = []
-        self._pending_scales: list[torch.Tensor] = []   # copies made by update(), read on demand (no sync)
-        self._stepped_since_update = False
-        self.last_step_skipped = False
+        self._per_optimizer_states: dict[int, dict[str, Any]] = defaultdict(_refresh_per_optimizer_state)
+        self._history: torch.Tensor | None = None  # float32, S after each update() in [:_history_len]; grows x2
+        self._history_len = 0
+        self._found_this_iteration: list[torch.Tensor | bool] = []   # per step(): skipped? (read lazily)
+        self._found_last_iteration: list[torch.Tensor | bool] = []
 
     # -- the three calls of a training step ---------------------------------------------------------
 
     def scale(self, outputs):
         """loss -> loss * S (a tensor, or lists/tuples of them); outputs itself when disabled.
 
-        Ordinary type promotion applies: a 0-d fp16 loss times the 0-d fp32 scale is fp32.
+        Ordinary type promotion applies: a 0-d fp16 loss times the 0-d fp32 scale is fp32. Several
+        outputs are multiplied by one copy of S made for this call (so update() may run before their
+        backward); a single tensor by S itself, as torch does.
         """
         if not self._enabled:
             return outputs
         if isinstance(outputs, torch.Tensor):
             if self._scale is None:
                 self._lazy_init(outputs.device)
-            return outputs * self._scale.to(outputs.device, non_blocking=True)
-        if isinstance(outputs, abc.Iterable):
-            scaled = map(self.scale, outputs)
-            return type(outputs)(scaled) if isinstance(outputs, (list, tuple)) else scaled
-        raise ValueError("outputs must be a Tensor or an iterable of Tensors")
+            return outputs * self._scale.to(device=outputs.device, non_blocking=True)
+        copies: list[_PerDevice] = []
+
+        def apply_scale(value):
+            if isinstance(value, torch.Tensor):
+                if not copies:
+                    if self._scale is None:
+                        self._lazy_init(value.device)
+                    copies.append(_PerDevice(self._scale))
+                return value * copies[0].get(value.device)
+            if isinstance(value, abc.Iterable):
+                scaled = map(apply_scale, value)
+                return type(value)(scaled) if isinstance(value, (list, tuple)) else scaled
+            raise ValueError("outputs must be a Tensor or an iterable of Tensors")
+
+        return apply_scale(outputs)
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """grads <- grads * fp32(1/S) in place, noting whether any was inf/NaN. Call it before clipping.
@@ -111,20 +193,22 @@ class _LossScaler:
             return
         scale = self._require_scale("unscale_")
         state = self._per_optimizer_states[id(optimizer)]
-        if state.stage is OptState.UNSCALED:
+        if state["stage"] is OptState.UNSCALED:
             raise RuntimeError(
                 "unscale_() has already been called on this optimizer since the last update(). "
                 "Call it once per iteration, after the last backward() (with gradient accumulation: "
                 "only in the iteration that steps), right before clipping and step()."
             )
-        if state.stage is OptState.STEPPED:
+        if state["stage"] is OptState.STEPPED:
             raise RuntimeError(
                 "unscale_() is being called after step(). step() already unscaled the gradients; "
                 "call unscale_() before step(), or update() first to start the next iteration."
             )
-        inv_scale = scale.double().reciprocal().float()   # 1/S in float64, rounded once to float32
-        state.found_inf = self._unscale_grads_(optimizer, inv_scale, allow_fp16=False)
-        state.stage = OptState.UNSCALED
+        # 1/S in float64, rounded once to float32 (MPS has no float64: there torch divides in float32)
+        inv_scale = scale.reciprocal() if scale.device.type == "mps" else scale.double().reciprocal().float()
+        found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
+        state["found_inf_per_device"] = self._unscale_grads_(optimizer, inv_scale, found_inf, False)
+        state["stage"] = OptState.UNSCALED
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any):
         """optimizer.step(*args, **kwargs) unless a gradient was inf/NaN; returns its result (None if skipped).
@@ -137,35 +221,38 @@ class _LossScaler:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         self._require_scale("step")
         state = self._per_optimizer_states[id(optimizer)]
-        if state.stage is OptState.STEPPED:
+        if state["stage"] is OptState.STEPPED:
             raise RuntimeError(
                 "step() has already been called since the last update(). "
                 "Call scaler.update() once per iteration, after stepping every optimizer."
             )
         if getattr(optimizer, "_step_supports_amp_scaling", False):
-            return self._fused_step(optimizer, state, args, kwargs)
-        if state.stage is OptState.READY:
+            return self._step_in_optimizer(optimizer, state, args, kwargs)
+        if state["stage"] is OptState.READY:
             self.unscale_(optimizer)
-        if state.found_inf is None:
-            raise RuntimeError(
+        if not state["found_inf_per_device"]:
+            raise AssertionError(
                 "No inf checks were recorded for this optimizer. None of its parameters has a .grad: "
                 "call scaler.scale(loss).backward() before step(), on a loss that depends on them."
             )
-        skipped = self._skips(state.found_inf)       # the one host sync of an iteration
+        skipped = self._skips(sum(v.item() for v in state["found_inf_per_device"].values()))   # the host sync
         result = None if skipped else optimizer.step(*args, **kwargs)
-        state.stage = OptState.STEPPED
-        self._note_step(skipped)
+        state["stage"] = OptState.STEPPED
+        self._found_this_iteration.append(skipped)
         return result
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
-        """Close the iteration: adapt S (subclasses decide how) and make every optimizer READY again."""
+        """Close the iteration: adapt S (subclasses decide how), record it, make every optimizer READY again."""
         if not self._enabled:
             return
         self._require_scale("update")
-        self._update_scale(new_scale)
-        self._per_optimizer_states = defaultdict(_OptimizerState)
-        self._pending_scales.append(self._scale.detach().clone())
-        self._stepped_since_update = False
+        if new_scale is not None:
+            self._set_scale(new_scale)
+        else:
+            self._update_scale()
+        self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+        self._record_scale()
+        self._found_last_iteration, self._found_this_iteration = self._found_this_iteration, []
 
     # -- what a learner reads ------------------------------------------------------------------------
 
@@ -180,89 +267,188 @@ class _LossScaler:
 
     @property
     def scale_history(self) -> list[float]:
-        """The scale each update() ended with, oldest first: plot it to see the dynamic scaler's sawtooth."""
-        if self._pending_scales:
-            self._scales += torch.stack(self._pending_scales).tolist()
-            self._pending_scales.clear()
-        return list(self._scales)
+        """The scale each update() ended with, oldest first: plot it to see the dynamic scaler's sawtooth.
+
+        Stored compactly: one float32 per update() in a buffer on the scale's device, written without a
+        host sync and doubled in size when full; reading it is one sync.
+        """
+        if self._history is None:
+            return []
+        return self._history[:self._history_len].tolist()
+
+    @property
+    def last_step_skipped(self) -> bool:
+        """True if step() skipped an optimizer in the current iteration (after update(): in the one it closed)."""
+        found = self._found_this_iteration or self._found_last_iteration
+        return any(bool(f) for f in found)
+
+    # -- torch's private protocol, for optimizers that unscale themselves (_step_supports_amp_scaling) ----
+
+    def _get_scale_async(self) -> torch.Tensor | None:
+        return self._scale
+
+    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[torch.device, torch.Tensor]:
+        """Check the optimizer's (still scaled) gradients for inf/NaN without unscaling them; record and return the flags."""
+        scale = self._require_scale("_check_inf_per_device")
+        found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
+        state = self._per_optimizer_states[id(optimizer)]
+        state["found_inf_per_device"] = self._unscale_grads_(optimizer, None, found_inf, True)
+        return state["found_inf_per_device"]
+
+    def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[torch.device, torch.Tensor]:
+        return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+
+    def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor | None,
+                        found_inf: torch.Tensor, allow_fp16: bool) -> dict[torch.device, torch.Tensor]:
+        """Check (and, given inv_scale, unscale) every gradient the optimizer holds, grouped by device and dtype.
+
+        Returns {device: found_inf copy on it}, empty when no parameter has a gradient. fp16 sparse
+        gradients are coalesced first (in .grad): duplicate entries may overflow only once summed.
+        """
+        inv_scales = None if inv_scale is None else _PerDevice(inv_scale)
+        found_infs = _PerDevice(found_inf)
+        grouped: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(lambda: defaultdict(list))
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    grad = param.grad
+                    if grad is None:
+                        continue
+                    if grad.dtype == torch.float16 and not allow_fp16:
+                        raise ValueError(_FP16_GRADS)
+                    if grad.is_sparse:
+                        if grad.dtype == torch.float16:
+                            param.grad = grad = grad.coalesce()
+                        grad = grad._values()
+                    grouped[grad.device][grad.dtype].append(grad)
+            for device, by_dtype in grouped.items():
+                for grads in by_dtype.values():
+                    non_finite_check_and_unscale_(grads, found_infs.get(device),
+                                                  None if inv_scales is None else inv_scales.get(device))
+        return found_infs.copies
 
     # -- the machinery ---------------------------------------------------------------------------------
 
     def _lazy_init(self, device: torch.device) -> None:
-        self._scale = torch.full((), self._init_scale, dtype=torch.float32, device=device)
+        try:
+            self._scale = torch.full((), self._init_scale, dtype=torch.float32, device=device)
+        except RuntimeError as error:
+            raise RuntimeError(f"init_scale={self._init_scale!r} does not fit in float32 (largest "
+                               f"{FLOAT32_MAX:.7g}): the scale is a float32 tensor. The usual start is 2.0**16.") from error
 
     def _require_scale(self, funcname: str) -> torch.Tensor:
         if self._scale is None:
-            raise RuntimeError(_MISSING_SCALE.format(funcname))
+            raise AssertionError(f"Attempted {funcname} but _scale is None.  {_FIX}")
         return self._scale
 
-    def _skips(self, found_inf: torch.Tensor) -> bool:
-        return bool(found_inf.item())
+    def _skips(self, found: float) -> bool:
+        return bool(found)
 
-    def _update_scale(self, new_scale: float | torch.Tensor | None) -> None:
+    def _update_scale(self) -> None:
         raise NotImplementedError
 
-    def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor | None,
-                        allow_fp16: bool) -> torch.Tensor | None:
-        """Check (and, given inv_scale, unscale) every gradient the optimizer holds; None if it holds none."""
-        by_device: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                grad = param.grad
-                if grad is None:
-                    continue
-                if grad.dtype == torch.float16 and not allow_fp16:
-                    raise ValueError(_FP16_GRADS)
-                by_device[grad.device].append(grad._values() if grad.is_sparse else grad)
-        if not by_device:
-            return None
-        with torch.no_grad():
-            found = [_found_inf_and_unscale_(grads, inv_scale).to(self._scale.device)
-                     for grads in by_device.values()]
-        return found[0] if len(found) == 1 else torch.stack(found).sum()
+    def _set_scale(self, new_scale: float | torch.Tensor) -> None:
+        raise NotImplementedError
 
-    def _fused_step(self, optimizer, state: _OptimizerState, args, kwargs):
-        """torch's protocol for fused optimizers (Adam(fused=True)...): they unscale and skip in their kernel."""
-        if state.stage is OptState.READY:
-            state.found_inf = self._unscale_grads_(optimizer, None, allow_fp16=True)   # check only
-        if state.found_inf is None:
-            raise RuntimeError("No inf checks were recorded for this optimizer: none of its parameters has a .grad.")
-        if state.stage is OptState.UNSCALED:   # grads already true: pass on only a scale the user set
+    def _record_scale(self) -> None:
+        """Append S to the history buffer on S's device (no host sync), doubling the buffer when it is full."""
+        n, buffer = self._history_len, self._history
+        if buffer is None or n == buffer.numel() or buffer.device != self._scale.device:
+            grown = torch.empty(max(64, 2 * n), dtype=torch.float32, device=self._scale.device)
+            if n:
+                grown[:n].copy_(buffer[:n])
+            self._history = buffer = grown
+        buffer[n].copy_(self._scale)
+        self._history_len = n + 1
+
+    def _step_in_optimizer(self, optimizer, state: dict[str, Any], args, kwargs):
+        """torch's protocol for optimizers that set _step_supports_amp_scaling: they unscale and skip themselves.
+
+        New protocol (Adam(fused=True), SGD(fused=True)...): the scaler checks the still-scaled gradients
+        and hands the optimizer grad_scale (S) and found_inf; its kernel divides by S and skips on inf.
+        Deprecated protocol (step() takes a grad_scaler keyword): the optimizer gets the scaler itself
+        and must call scaler.unscale_(self) (or _check_inf_per_device) and skip on its own.
+        """
+        if "grad_scaler" in inspect.signature(optimizer.step).parameters:
+            warnings.warn(
+                "GradScaler is going to stop passing itself as a keyword argument to the passed "
+                "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
+                "`found_inf: Tensor` to the passed optimizer and let the optimizer use them directly.",
+                FutureWarning, stacklevel=3)
+            result = optimizer.step(*args, **{**kwargs, "grad_scaler": self})
+            state["stage"] = OptState.STEPPED
+            self._found_this_iteration.extend(state["found_inf_per_device"].values())
+            return result
+        if state["stage"] is OptState.READY:
+            self._check_inf_per_device(optimizer)
+        found = [t.to(self._scale.device, non_blocking=True) for t in state["found_inf_per_device"].values()]
+        found_inf = torch.stack(found).sum() if found else torch.zeros((), device=self._scale.device)
+        if state["stage"] is OptState.UNSCALED:   # grads already true: pass on only a scale the user set
             optimizer.grad_scale = getattr(optimizer, "grad_scale", None)
         else:
             optimizer.grad_scale = self._scale * getattr(optimizer, "grad_scale", 1)
-        optimizer.found_inf = state.found_inf
+        optimizer.found_inf = found_inf
         try:
             result = optimizer.step(*args, **kwargs)
         finally:
             del optimizer.grad_scale, optimizer.found_inf
-        state.stage = OptState.STEPPED
-        self._note_step(self._skips(state.found_inf))
+        state["stage"] = OptState.STEPPED
+        self._found_this_iteration.append(found_inf)
         return result
 
-    def _note_step(self, skipped: bool) -> None:
-        """last_step_skipped: True if any optimizer skipped in the current (or, after update(), the last) iteration."""
-        self.last_step_skipped = skipped or (self._stepped_since_update and self.last_step_skipped)
-        self._stepped_since_update = True
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle between iterations only, like torch: S and the tracker travel as numbers, re-created lazily."""
+        state = self.__dict__.copy()
+        if self._enabled:
+            if self._per_optimizer_states:
+                raise AssertionError("A GradScaler instance may only be pickled at the beginning of an iteration, "
+                                     "or at the end after scaler.update().")
+            state["_init_scale"] = self.get_scale()
+            state["_scale"] = None
+        return state
 
 
-def _check_config(init_scale: float, growth_factor: float, backoff_factor: float, growth_interval: int) -> None:
-    if not 0 < init_scale <= FLOAT32_MAX:
-        raise ValueError(f"init_scale must be a positive float32 number (0 < S <= {FLOAT32_MAX:.4g}), "
-                         f"got {init_scale!r}; the usual start is 2.0**16.")
-    _check_factors(growth_factor, backoff_factor, growth_interval)
+def _warn_if_surely_wrong(**values) -> None:
+    """Values torch accepts but that cannot be meant: say what they do (a UserWarning), and carry on.
+
+    Only the keywords given are checked (init_scale, growth_factor, backoff_factor, growth_interval);
+    values that are not numbers are left to fail where torch fails on them.
+    """
+    reasons = {
+        "init_scale": lambda s: ("is not a positive finite number: the loss is multiplied by it (0 or inf turn "
+                                 "the gradients into 0, inf or NaN; a negative scale flips the loss)"
+                                 if not 0 < s < math.inf else
+                                 f"overflows float32 (largest {FLOAT32_MAX:.7g}): the first scale() will fail"
+                                 if s > FLOAT32_MAX else None),
+        "growth_factor": lambda g: ("means the scale never grows (it grows by this factor; a product that is not "
+                                    "finite is refused)" if not 1 < g < math.inf else None),
+        "backoff_factor": lambda b: ("should lie strictly between 0 and 1: after an overflow the scale must "
+                                     "shrink to a smaller positive value" if not 0 < b < 1 else None),
+        "growth_interval": lambda n: ("means the scale never grows (it grows after this many clean steps "
+                                      "in a row)" if n < 1 else None),
+    }
+    for name, value in values.items():
+        try:
+            reason = reasons[name](float(value))
+        except (TypeError, ValueError):
+            continue
+        if reason:
+            warnings.warn(f"GradScaler: {name}={value!r} {reason}. The usual values are init_scale=2.0**16, "
+                          "growth_factor=2.0, backoff_factor=0.5, growth_interval=2000.", UserWarning, stacklevel=3)
 
 
-def _check_factors(growth_factor: float, backoff_factor: float, growth_interval: int) -> None:
-    if not 1.0 < growth_factor < math.inf:
-        raise ValueError(f"growth_factor must be a finite number > 1 (the scale grows by it), got {growth_factor!r}; "
-                         "the usual value is 2.0.")
-    if not 0.0 < backoff_factor < 1.0:
-        raise ValueError(f"backoff_factor must lie strictly between 0 and 1 (the scale shrinks by it), "
-                         f"got {backoff_factor!r}; the usual value is 0.5.")
-    if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
-        raise ValueError(f"growth_interval must be an int >= 1 (clean steps before the scale grows), "
-                         f"got {growth_interval!r}; the usual value is 2000.")
+def _check_growth_interval(growth_interval) -> int:
+    """torch passes growth_interval to a kernel that takes a 64-bit int: refuse what it refuses, as it does."""
+    if isinstance(growth_interval, bool):
+        raise TypeError(f"growth_interval must be an int (clean steps before the scale grows), got {growth_interval!r}")
+    try:
+        interval = operator.index(growth_interval)
+    except TypeError:
+        raise TypeError(f"growth_interval must be an int (clean steps before the scale grows), got "
+                        f"{type(growth_interval).__name__} {growth_interval!r}; e.g. growth_interval=2000") from None
+    if not -2**63 <= interval < 2**63:
+        raise ValueError(f"growth_interval={interval} does not fit in a 64-bit int; the usual value is 2000")
+    return interval
 
 
 class GradScaler(_LossScaler):
@@ -273,20 +459,31 @@ class GradScaler(_LossScaler):
 
     S <- S * backoff_factor after an inf/NaN gradient, else S * growth_factor after growth_interval
     clean steps in a row (never to inf). The same per-optimizer stages and errors as torch's; one
-    scaler serves several optimizers (each may skip on its own; S is shared).
+    scaler serves several optimizers (each may skip on its own; S is shared). It accepts what torch
+    accepts (warning where a value cannot be meant) and refuses what torch refuses, with the same
+    exception types; with enabled=False the other arguments are ignored.
     Beyond torch: scaler.last_step_skipped (True if step() skipped any optimizer in the current
     iteration, or after update() in the one it closed) and scaler.scale_history (S after each update()).
     """
 
     def __init__(self, device: str = "cuda", init_scale: float = 2.0**16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True) -> None:
-        _check_config(init_scale, growth_factor, backoff_factor, growth_interval)
+        self._device = device
         if enabled and device == "cuda" and not torch.cuda.is_available():
             warnings.warn("GradScaler(device='cuda') is enabled, but CUDA is not available.  Disabling: "
                           "scaling becomes a no-op. Pass device='cpu' to scale on the CPU.", stacklevel=2)
             enabled = False
+        if enabled:
+            if growth_factor <= 1.0:
+                raise AssertionError(f"The growth factor must be > 1.0, got growth_factor={growth_factor!r}: the "
+                                     "scale grows by it after growth_interval clean steps. The usual value is 2.0.")
+            if backoff_factor >= 1.0:
+                raise AssertionError(f"The backoff factor must be < 1.0, got backoff_factor={backoff_factor!r}: the "
+                                     "scale shrinks by it after an inf/NaN gradient. The usual value is 0.5.")
+            _check_growth_interval(growth_interval)
+            _warn_if_surely_wrong(init_scale=init_scale, growth_factor=growth_factor,
+                                  backoff_factor=backoff_factor, growth_interval=growth_interval)
         super().__init__(init_scale, enabled)
-        self._device = device
         self._growth_factor = growth_factor
         self._backoff_factor = backoff_factor
         self._growth_interval = growth_interval
@@ -297,44 +494,53 @@ class GradScaler(_LossScaler):
         super()._lazy_init(device)
         self._growth_tracker = torch.full((), self._init_growth_tracker, dtype=torch.int32, device=device)
 
-    def _update_scale(self, new_scale: float | torch.Tensor | None) -> None:
-        """S from the found_inf flags of every optimizer (summed), or new_scale when given (tracker kept)."""
-        if new_scale is not None:
-            if isinstance(new_scale, torch.Tensor):
-                if new_scale.device.type != self._device or new_scale.numel() != 1 or new_scale.requires_grad:
-                    raise ValueError("new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
-                                     "torch.FloatTensor with requires_grad=False.")
-                self._scale.copy_(new_scale.reshape(()))   # torch's own copy_ refuses shape (1,)
-            else:
-                self._scale.fill_(new_scale)
-            return
-        found_infs = [s.found_inf for s in self._per_optimizer_states.values() if s.found_inf is not None]
+    def _update_scale(self) -> None:
+        """S from the found_inf flags of every optimizer on every device (summed): the dynamic rule."""
+        found_infs = [found.to(self._scale.device, non_blocking=True)
+                      for state in self._per_optimizer_states.values()
+                      for found in state["found_inf_per_device"].values()]
         if not found_infs:
-            raise RuntimeError("No inf checks were recorded prior to update(). Call scaler.step(optimizer) "
-                               "(or scaler.unscale_(optimizer)) on every optimizer before update().")
+            raise AssertionError("No inf checks were recorded prior to update(). Call scaler.step(optimizer) "
+                                 "(or scaler.unscale_(optimizer)) on every optimizer before update().")
         found_inf = torch.stack(found_infs).sum() if len(found_infs) > 1 else found_infs[0]
-        update_scale_(self._scale, self._growth_tracker, found_inf,
-                      self._growth_factor, self._backoff_factor, self._growth_interval)
+        update_scale_(self._scale, self._growth_tracker, found_inf, self._growth_factor, self._backoff_factor,
+                      operator.index(self._growth_interval))
+
+    def _set_scale(self, new_scale: float | torch.Tensor) -> None:
+        """update(new_scale=...): S <- new_scale (the tracker is kept), with torch's checks and exception types."""
+        if isinstance(new_scale, float):
+            self._scale.fill_(new_scale)
+            return
+        if not isinstance(new_scale, torch.Tensor):   # torch fails reading new_scale.device: AttributeError
+            raise AttributeError(f"{_NEW_SCALE} Got {type(new_scale).__name__} {new_scale!r}: pass a Python "
+                                 "float (update(new_scale=float(x))) or a 0-d float tensor on the scale's device.")
+        if new_scale.device.type != self._device or new_scale.numel() != 1 or new_scale.requires_grad:
+            raise AssertionError(f"{_NEW_SCALE} Got a tensor of shape {tuple(new_scale.shape)} on "
+                                 f"{new_scale.device} with requires_grad={new_scale.requires_grad}.")
+        if new_scale.dim() != 0:   # torch's copy_ into the 0-d scale refuses it
+            raise RuntimeError(f"new_scale has shape {tuple(new_scale.shape)}, but the scale is a 0-d tensor "
+                               "(output with shape [] doesn't match the broadcast shape): pass new_scale.reshape(()).")
+        self._scale.copy_(new_scale)
 
     def get_growth_factor(self) -> float:
         return self._growth_factor
 
     def set_growth_factor(self, new_factor: float) -> None:
-        _check_factors(new_factor, self._backoff_factor, self._growth_interval)
+        _warn_if_surely_wrong(growth_factor=new_factor)
         self._growth_factor = new_factor
 
     def get_backoff_factor(self) -> float:
         return self._backoff_factor
 
     def set_backoff_factor(self, new_factor: float) -> None:
-        _check_factors(self._growth_factor, new_factor, self._growth_interval)
+        _warn_if_surely_wrong(backoff_factor=new_factor)
         self._backoff_factor = new_factor
 
     def get_growth_interval(self) -> int:
         return self._growth_interval
 
     def set_growth_interval(self, new_interval: int) -> None:
-        _check_factors(self._growth_factor, self._backoff_factor, new_interval)
+        _warn_if_surely_wrong(growth_interval=_check_growth_interval(new_interval))
         self._growth_interval = new_interval
 
     def _get_growth_tracker(self) -> int:
@@ -364,18 +570,24 @@ class GradScaler(_LossScaler):
         missing = {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"} - set(state_dict)
         if missing:
             raise KeyError(f"not a GradScaler state dict: missing {sorted(missing)}")
-        scale = state_dict["scale"]
-        if not 0 <= scale <= FLOAT32_MAX:
-            raise ValueError(f"state_dict['scale'] must be a finite float32 number >= 0, got {scale!r}")
-        _check_factors(state_dict["growth_factor"], state_dict["backoff_factor"], state_dict["growth_interval"])
-        self._init_scale = scale
+        _check_growth_interval(state_dict["growth_interval"])
+        _warn_if_surely_wrong(init_scale=state_dict["scale"], growth_factor=state_dict["growth_factor"],
+                              backoff_factor=state_dict["backoff_factor"], growth_interval=state_dict["growth_interval"])
+        if self._scale is not None:
+            self._scale.fill_(state_dict["scale"])
+            self._growth_tracker.fill_(state_dict["_growth_tracker"])
+        self._init_scale = state_dict["scale"]
         self._growth_factor = state_dict["growth_factor"]
         self._backoff_factor = state_dict["backoff_factor"]
         self._growth_interval = state_dict["growth_interval"]
         self._init_growth_tracker = state_dict["_growth_tracker"]
-        if self._scale is not None:
-            self._scale.fill_(scale)
-            self._growth_tracker.fill_(self._init_growth_tracker)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        if self._enabled:
+            state["_init_growth_tracker"] = self._get_growth_tracker()
+            state["_growth_tracker"] = None
+        return state
 
 
 def update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: torch.Tensor,
@@ -414,9 +626,11 @@ class StaticLossScaler(_LossScaler):
         super().__init__(scale, enabled)
         self.skip_nonfinite = skip_nonfinite
 
-    def _skips(self, found_inf: torch.Tensor) -> bool:
-        return self.skip_nonfinite and bool(found_inf.item())
+    def _skips(self, found: float) -> bool:
+        return self.skip_nonfinite and bool(found)
 
-    def _update_scale(self, new_scale: float | torch.Tensor | None) -> None:
-        if new_scale is not None:
-            raise ValueError("StaticLossScaler keeps one scale for the whole run; use GradScaler to change it.")
+    def _update_scale(self) -> None:
+        pass
+
+    def _set_scale(self, new_scale: float | torch.Tensor) -> None:
+        raise ValueError("StaticLossScaler keeps one scale for the whole run; use GradScaler to change it.")

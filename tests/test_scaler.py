@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import pickle
 import random
 import re
 import warnings
@@ -309,12 +310,6 @@ def test_update_with_new_scale_matches_torch_and_keeps_the_tracker():
     assert ours.get_scale() == ref.get_scale() == 5.0
     assert tracker(ours) == tracker(ref) == 1
     assert ours.scale_history == [2.0**10, 3.0, 5.0]
-    ours.step(opt)
-    ours.update(new_scale=torch.tensor([6.0]))   # the documented "1-element tensor" (torch's copy_ refuses it)
-    assert ours.get_scale() == 6.0
-    for bad in (torch.ones(2), torch.ones((), requires_grad=True), torch.ones((), device="meta")):
-        with pytest.raises(ValueError, match="new_scale should be a float or a 1-element"):
-            ours.update(new_scale=bad)
 
 
 # -- the update rule: property tests -------------------------------------------------------------------
@@ -434,10 +429,15 @@ def test_disabled_state_dict_is_empty_and_loading_it_fails_like_torch():
     for cls in (GradScaler, torch.amp.GradScaler):
         with pytest.raises(RuntimeError, match=re.escape(message)):
             cls("cpu").load_state_dict({})
-    with pytest.raises(KeyError, match="missing"):
-        GradScaler("cpu").load_state_dict({"scale": 2.0})
-    with pytest.raises(ValueError, match="growth_factor"):
-        GradScaler("cpu").load_state_dict({**GradScaler("cpu").state_dict(), "growth_factor": 0.5})
+    for cls in (GradScaler, torch.amp.GradScaler):
+        with pytest.raises(KeyError):
+            cls("cpu").load_state_dict({"scale": 2.0})
+    odd = {**GradScaler("cpu").state_dict(), "growth_factor": 0.5}   # torch loads it without a word; we warn
+    ours, ref = GradScaler("cpu"), torch.amp.GradScaler("cpu")
+    with pytest.warns(UserWarning, match="growth_factor=0.5"):
+        ours.load_state_dict(odd)
+    ref.load_state_dict(odd)
+    assert ours.state_dict() == ref.state_dict() == odd
 
 
 def test_getters_and_setters_like_torch():
@@ -449,15 +449,14 @@ def test_getters_and_setters_like_torch():
         scaler.set_growth_interval(9)
     for getter in ("get_scale", "get_growth_factor", "get_backoff_factor", "get_growth_interval", "is_enabled", "state_dict"):
         assert getattr(ours, getter)() == getattr(ref, getter)(), getter
-    with pytest.raises(ValueError, match="growth_factor"):
-        ours.set_growth_factor(1.0)
-    with pytest.raises(ValueError, match="backoff_factor"):
-        ours.set_backoff_factor(1.5)
-    with pytest.raises(ValueError, match="growth_interval"):
-        ours.set_growth_interval(0)
+    for setter, value in (("set_growth_factor", 1.0), ("set_backoff_factor", 1.5), ("set_growth_interval", 0)):
+        getattr(ref, setter)(value)                    # torch's setters take anything; ours too, with a warning
+        with pytest.warns(UserWarning, match=setter.removeprefix("set_")):
+            getattr(ours, setter)(value)
+    assert ours.state_dict() == ref.state_dict()
 
 
-# -- misuse: the errors torch raises, with torch's words ------------------------------------------------------
+# -- misuse: the errors torch raises, of torch's types and starting with torch's words ----------------------
 
 
 def error_of(fn) -> BaseException:
@@ -486,26 +485,19 @@ MISUSES = {
     "step twice": lambda s, o, p: (scale_(s, o, p), s.step(o), s.step(o)),
     "closure": lambda s, o, p: (scale_(s, o, p), s.step(o, closure=lambda: 0.0)),
     "no grads": lambda s, o, p: (scale_(s, o, p), setattr(p, "grad", None), s.step(o)),
+    "unscale_ before scale": lambda s, o, p: s.unscale_(o),
+    "step before scale": lambda s, o, p: s.step(o),
+    "update before scale": lambda s, o, p: s.update(),
+    "update without a step": lambda s, o, p: (scale_(s, o, p), s.update()),
+    "pickle mid-iteration": lambda s, o, p: (scale_(s, o, p), s.step(o), pickle.dumps(s)),
 }
 
 
 @pytest.mark.parametrize("misuse", MISUSES)
-def test_stage_errors_are_runtime_errors_with_torchs_wording(misuse):
+def test_misuse_raises_torchs_exception_type_and_starts_with_torchs_words(misuse):
     ours, ref = misuse_both(MISUSES[misuse])
-    assert isinstance(ours, RuntimeError)
-    assert str(ours).startswith(str(ref)), (str(ours), str(ref))
-
-
-@pytest.mark.parametrize("call", ["unscale_", "step", "update"])
-def test_calling_before_scale_says_to_scale_the_loss(call):
-    ours, ref = misuse_both(lambda s, o, p: getattr(s, call)(o) if call != "update" else s.update())
-    assert isinstance(ours, RuntimeError) and str(ours) == str(ref)
-
-
-def test_update_without_any_step_says_so():
-    ours, ref = misuse_both(lambda s, o, p: (scale_(s, o, p), s.update()))
-    assert isinstance(ours, RuntimeError) and str(ours).startswith("No inf checks were recorded prior to update")
-    assert "No inf checks were recorded prior to update" in str(ref)
+    assert type(ours) is type(ref), (ours, ref)
+    assert str(ours).startswith(str(ref).rstrip(".")), (str(ours), str(ref))
 
 
 def test_fp16_gradients_explain_master_weights():
@@ -518,20 +510,7 @@ def test_fp16_gradients_explain_master_weights():
         scaler.step(opt)
     assert "master weights" in str(info.value) and "ampteach.MasterWeights" in str(info.value)
     assert torch.equal(p.grad, torch.ones(2, dtype=torch.float16)), "nothing was unscaled"
-    assert scaler._per_optimizer_states[id(opt)].stage is OptState.READY
-
-
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(growth_factor=1.0), "growth_factor"), (dict(growth_factor=0.5), "growth_factor"),
-    (dict(growth_factor=INF), "growth_factor"), (dict(backoff_factor=1.0), "backoff_factor"),
-    (dict(backoff_factor=0.0), "backoff_factor"), (dict(backoff_factor=-0.5), "backoff_factor"),
-    (dict(init_scale=0.0), "init_scale"), (dict(init_scale=-1.0), "init_scale"),
-    (dict(init_scale=NAN), "init_scale"), (dict(init_scale=1e39), "init_scale"),
-    (dict(growth_interval=0), "growth_interval"), (dict(growth_interval=2.5), "growth_interval"),
-])
-def test_invalid_config_raises_value_error_naming_the_argument(kwargs, name):
-    with pytest.raises(ValueError, match=name):
-        GradScaler("cpu", **kwargs)
+    assert scaler._per_optimizer_states[id(opt)]["stage"] is OptState.READY
 
 
 # -- enabled=False, the device, and what torch does not have ----------------------------------------------------
