@@ -35,7 +35,8 @@ from .memory import measure_step, memory_breakdown
 # lesson 4: autocast
 from .autocast import autocast, custom_bwd, custom_fwd
 
-# lesson 5: recipes, checkpoints, scale-out
+# lessons 5 and 6: recipes and checkpoints; debugging and scale-out (their helpers, imported where used:
+# ampteach.accumulation, .clipping, .nan_spread, .side_by_side, .distributed)
 from .checkpoint import load_checkpoint, save_checkpoint
 
 # lesson 7: when mixed precision pays off

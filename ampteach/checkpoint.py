@@ -9,7 +9,7 @@
     train(model, data, config, resume_from="run.pt")
 
 An AMP run has state beyond the model and the optimizer, and a resumed run only follows the original
-one if all of it comes back (the textbook's pitfall 5; learners' mistake 7):
+one if all of it comes back (the textbook's pitfall 5):
 - the loss scaler's state_dict(): the scale S and the count of clean steps towards its next growth.
   Without it a resumed fp16 run restarts at init_scale and takes a different path.
 - with master weights (O2), the fp32 master values, not the half model: a half copy has already

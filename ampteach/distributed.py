@@ -15,30 +15,41 @@ together: `--inject-inf STEP --inject-rank R` puts an inf into one gradient on r
 of backward, before the all-reduce. With `--inject-after-reduce` the inf lands after it, on rank R
 only, as a bug in your own code could do it: then only rank R skips and the replicas part ways.
 
-With FSDP2 (torch.distributed.fsdp.fully_shard) the picture changes: each rank holds a shard of
-the fp32 parameters (they are the master weights), MixedPrecisionPolicy(param_dtype=...) casts them
-when they are gathered for compute, and ShardedGradScaler all-reduces found_inf itself, because each
-rank sees only its shard of the gradients.
+`--accumulate N` makes every optimizer step from N micro-batches (ampteach.accumulation): the first
+N-1 run inside DDP's no_sync(), so each step does one gradient all-reduce instead of N (each rank
+prints how many it did); `--sync-each-micro-batch` all-reduces after every micro-batch instead.
+
+`--fsdp` shards the model with FSDP2 instead (torch.distributed.fsdp.fully_shard): each rank keeps
+a shard of the fp32 parameters (they are the master weights), MixedPrecisionPolicy(param_dtype=...)
+casts them when they are gathered for compute (no autocast), gradients are reduce-scattered in fp32,
+and each rank holds only its shard of them. torch.amp.GradScaler still agrees across ranks: on
+FSDP2's DTensor gradients its inf check is reduced over the ranks (pytorch/pytorch#132816). Then
+`--inject-inf` writes the inf into rank R's own gradient shard, after the reduce-scatter.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import math
 import os
+import re
+import socket
+import subprocess
 import sys
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .accumulation import accumulation_step
 from .data import Preloaded, course_split, load_fashion_mnist, preload
 from .models import mlp
 from .seeding import seed_everything
-from .train import TrainConfig, prepare, train_step
+from .train import TrainConfig, autocast_for, make_optimizer, prepare, scaler_for
 
 BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
 
@@ -70,20 +81,73 @@ def checksum(model: nn.Module) -> float:
 
     Replicas with the same weights give the same number; any difference in a weight changes it
     (barring a coincidence), so equal checksums printed with all 17 digits say the ranks agree.
+    Sharded (FSDP2) parameters are gathered first (a collective: every rank must call it).
     """
-    return math.fsum(p.detach().double().sum().item() for p in model.parameters())
+    return math.fsum(_full(p).double().sum().item() for p in model.parameters())
 
 
-def _inf_into_grad(grad: torch.Tensor) -> torch.Tensor:
-    """A tensor hook: this rank's gradient with one element set to inf, before DDP reduces it."""
-    grad = grad.clone()
-    grad.view(-1)[0] = float("inf")
-    return grad
+def _full(p: torch.Tensor) -> torch.Tensor:
+    """A parameter's whole value: FSDP2's DTensor shards gathered from every rank, a plain tensor as it is."""
+    p = p.detach()
+    return p.full_tensor() if hasattr(p, "full_tensor") else p
 
 
-def _inf_after_reduce(step: int, model: nn.Module) -> None:
-    """after_backward hook: an inf written into this rank's already all-reduced gradient."""
-    model.module[1].weight.grad.view(-1)[0] = float("inf")
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: the local shard of a DTensor, or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _inf_at_call(call: int):
+    """A tensor hook that sets one element of the gradient to inf in the call-th backward it sees (before DDP reduces)."""
+    calls = itertools.count()
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        if next(calls) != call:
+            return grad
+        grad = grad.clone()
+        grad.view(-1)[0] = float("inf")
+        return grad
+    return hook
+
+
+def _inf_after_reduce(last_micro_batch: int):
+    """after_backward hook: an inf written into this rank's gradient once it is reduced (its own shard under FSDP2)."""
+    def hook(micro_batch: int, model: nn.Module) -> None:
+        if micro_batch == last_micro_batch:
+            _local(_inner(model)[1].weight.grad).view(-1)[0] = float("inf")
+    return hook
+
+
+def _inner(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+class AllReduceCount:
+    """How many gradient all-reduces DDP ran: the state of the communication hook count_all_reduces."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+
+def count_all_reduces(state: AllReduceCount, bucket):
+    """A DDP communication hook (ddp.register_comm_hook(state, count_all_reduces)): count, then DDP's own average."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    state.calls += 1
+    return allreduce_hook(None, bucket)
+
+
+def shard(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """FSDP2: shard every Linear, then the whole model; compute in dtype, reduce gradients and return logits in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
+                                                      output_dtype=torch.float32))   # the loss in fp32
+    return model
 
 
 def run(args: argparse.Namespace) -> str:
@@ -103,22 +167,45 @@ def run(args: argparse.Namespace) -> str:
 
     seed_everything(args.seed)  # the same init everywhere (DDP also broadcasts rank 0's weights)
     model = mlp(tuple(args.hidden)).to(device)
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     config = TrainConfig(precision=args.precision, impl=args.impl, batch_size=args.batch_size, lr=args.lr,
                          seed=args.seed, skip_nonfinite=True, progress=False)
-    _, opt, scaler = prepare(ddp, config)   # this rank's own scaler (fp16; bf16 needs none)
+    counter = None
+    if args.fsdp:
+        wrapped = shard(model, config.dtype)
+        opt = make_optimizer(model.parameters(), config)
+        scaler = scaler_for(config, device.type)                      # this rank's own (fp16; bf16 needs none)
+        autocast = contextlib.nullcontext                             # FSDP casts the gathered parameters itself
+        w = model[1].weight
+        _say(f"rank {rank}: holds {tuple(_local(w).shape)} of 1.weight {tuple(w.shape)}, stored as {w.dtype}, "
+             f"computed in {config.dtype}")
+    else:
+        wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        counter = AllReduceCount()
+        wrapped.register_comm_hook(counter, count_all_reduces)
+        _, opt, scaler = prepare(wrapped, config)                     # this rank's own scaler (fp16; bf16 needs none)
+        autocast = lambda: autocast_for(config.impl, device.type, config.precision)   # noqa: E731
 
-    for step, (x, y) in zip(range(args.steps), shard_batches(data, args.batch_size, rank, world_size, args.seed)):
+    stream = shard_batches(data, args.batch_size, rank, world_size, args.seed)
+    last = args.accumulate - 1
+    for step in range(args.steps):
+        micro_batches = [next(stream) for _ in range(args.accumulate)]
         injecting = step == args.inject_inf and rank == args.inject_rank
-        before_reduce = injecting and not args.inject_after_reduce
-        handle = model[1].weight.register_hook(_inf_into_grad) if before_reduce else None
-        after_backward = _inf_after_reduce if injecting and args.inject_after_reduce else None
-        result = train_step(ddp, x, y, opt, scaler, config, step=step, after_backward=after_backward)
+        after_reduce = injecting and (args.inject_after_reduce or args.fsdp)
+        handle = None
+        if injecting and not after_reduce:
+            handle = model[1].weight.register_hook(_inf_at_call(min(args.inject_micro_batch, last)))
+        result = accumulation_step(wrapped, micro_batches, opt, scaler, autocast=autocast,
+                                   no_sync=not args.sync_each_micro_batch,
+                                   after_backward=_inf_after_reduce(last) if after_reduce else None)
         if handle is not None:
             handle.remove()
         if args.log_steps:
-            _say(f"rank {rank}: step {step} skipped {result.skipped} scale {scaler.get_scale()!r} "
-                 f"checksum {checksum(model)!r}")
+            line = (f"rank {rank}: step {step} skipped {result.skipped} scale {scaler.get_scale()!r} "
+                    f"checksum {checksum(model)!r}")
+            _say(line)
+    if counter is not None:
+        _say(f"rank {rank}: gradient all-reduces {counter.calls} in {args.steps} steps of {args.accumulate} "
+             f"micro-batches")
     return f"rank {rank}: scale {scaler.get_scale()!r} checksum {checksum(model)!r}"
 
 
@@ -126,6 +213,58 @@ def _say(line: str) -> None:
     """Print one whole line in one write: the ranks share stdout, and print() writes the newline apart."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+
+
+# -- launching the job from Python (a lesson, a test) and reading what the ranks printed -------------
+
+FINAL = re.compile(r"^rank (\d+): scale (\S+) checksum (\S+)$")
+STEP = re.compile(r"^rank (\d+): step (\d+) skipped (True|False) scale (\S+) checksum (\S+)$")
+ALL_REDUCES = re.compile(r"^rank (\d+): gradient all-reduces (\d+) ")
+
+
+class JobOutput(NamedTuple):
+    """What the ranks of one job printed, parsed (line order between ranks does not matter)."""
+
+    returncode: int
+    final: dict[int, tuple[float, float]]                      # rank -> (scale, checksum) at the end
+    steps: dict[tuple[int, int], tuple[bool, float, float]]    # (rank, step) -> (skipped, scale, checksum)
+    all_reduces: dict[int, int]                                # rank -> gradient all-reduces (DDP only)
+    text: str                                                  # every "rank ..." line, sorted
+
+    def skipped(self, rank: int) -> list[int]:
+        return sorted(s for (r, s), (k, _, _) in self.steps.items() if r == rank and k)
+
+
+def parse_output(stdout: str, returncode: int = 0) -> JobOutput:
+    final, steps, reduces, lines = {}, {}, {}, []
+    for line in stdout.splitlines():
+        if m := FINAL.match(line):
+            final[int(m[1])] = (float(m[2]), float(m[3]))
+        elif m := STEP.match(line):
+            steps[int(m[1]), int(m[2])] = (m[3] == "True", float(m[4]), float(m[5]))
+        elif m := ALL_REDUCES.match(line):
+            reduces[int(m[1])] = int(m[2])
+        if line.startswith("rank "):
+            lines.append(line)
+    return JobOutput(returncode, final, steps, reduces, "\n".join(sorted(lines)))
+
+
+def launch(*args: str, nproc: int = 2, timeout: float = 600) -> JobOutput:
+    """Run `python -m torch.distributed.run --nproc_per_node 2 -m ampteach.distributed ARGS` on this machine.
+
+    The rendezvous uses a free localhost port (no network); each rank runs one intra-op thread.
+    Raises RuntimeError with the job's output if it fails.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+               "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "ampteach.distributed", *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if done.returncode != 0:
+        raise RuntimeError(f"the job failed (exit code {done.returncode}):\n{done.stdout}\n{done.stderr[-3000:]}")
+    return parse_output(done.stdout, done.returncode)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -149,11 +288,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--inject-rank", type=int, default=0)
     parser.add_argument("--inject-after-reduce", action="store_true",
                         help="inject after DDP's all-reduce (only that rank sees it) instead of before")
+    parser.add_argument("--inject-micro-batch", type=int, default=0, metavar="M",
+                        help="with --accumulate: the micro-batch (0-based) whose backward gets the inf")
+    parser.add_argument("--accumulate", type=int, default=1, metavar="N",
+                        help="micro-batches per optimizer step; the first N-1 run under DDP's no_sync()")
+    parser.add_argument("--sync-each-micro-batch", action="store_true",
+                        help="with --accumulate: all-reduce after every micro-batch (no no_sync)")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="shard with FSDP2 (fully_shard + MixedPrecisionPolicy) instead of DDP")
     parser.add_argument("--log-steps", action="store_true",
                         help="also print `rank R: step s skipped B scale S checksum C` after every step")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.batch_size < 1:
-        parser.error("--steps and --batch-size must be >= 1")
+    if args.steps < 1 or args.batch_size < 1 or args.accumulate < 1:
+        parser.error("--steps, --batch-size and --accumulate must be >= 1")
+    if args.fsdp and args.impl == "ampteach" and args.precision == "fp16":
+        parser.error("--fsdp with fp16 needs a scaler that takes FSDP2's DTensor gradients; ampteach.GradScaler "
+                     "does not yet: use --impl torch (torch.amp.GradScaler), or --precision bf16")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no CUDA GPU here; use --device cpu")
     return args

@@ -6,77 +6,91 @@ The job is launched exactly as a learner launches it, `python -m torch.distribut
 
 from __future__ import annotations
 
-import os
-import re
-import socket
-import subprocess
-import sys
-
 import pytest
 import torch
 
 import ampteach
 from ampteach.data import Preloaded
-from ampteach.distributed import checksum, parse_args, shard_batches
+from ampteach.distributed import checksum, launch, parse_args, parse_output, shard_batches
 
-FINAL = re.compile(r"^rank (\d+): scale (\S+) checksum (\S+)$")
-STEP = re.compile(r"^rank (\d+): step (\d+) skipped (True|False) scale (\S+) checksum (\S+)$")
 STEPS, INJECT_AT, INJECT_RANK = 6, 3, 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(*args: str) -> tuple[dict[int, tuple[float, float]], dict[tuple[int, int], tuple[bool, float, float]]]:
-    """Run the 2-process job; return {rank: (scale, checksum)} and {(rank, step): (skipped, scale, checksum)}."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), "-m", "ampteach.distributed", "--device", "cpu", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    final, steps = {}, {}
-    for line in done.stdout.splitlines():
-        if m := FINAL.match(line):
-            final[int(m[1])] = (float(m[2]), float(m[3]))
-        elif m := STEP.match(line):
-            steps[int(m[1]), int(m[2])] = (m[3] == "True", float(m[4]), float(m[5]))
-    return final, steps
 
 
 @pytest.mark.slow
 def test_two_ranks_agree_and_both_skip_an_inf_injected_on_one_rank_before_the_all_reduce():
-    final, steps = launch("--steps", str(STEPS), "--inject-inf", str(INJECT_AT), "--inject-rank", str(INJECT_RANK),
-                          "--log-steps")
-    assert sorted(final) == [0, 1], "one final line per rank"
-    assert final[0] == final[1], f"the ranks disagree: {final}"
-    assert len(steps) == 2 * STEPS
+    job = launch("--steps", str(STEPS), "--inject-inf", str(INJECT_AT), "--inject-rank", str(INJECT_RANK), "--log-steps")
+    assert sorted(job.final) == [0, 1], "one final line per rank"
+    assert job.final[0] == job.final[1], f"the ranks disagree: {job.final}"
+    assert len(job.steps) == 2 * STEPS
     for s in range(STEPS):
-        assert steps[0, s] == steps[1, s], f"step {s}: the ranks disagree: {steps[0, s]} vs {steps[1, s]}"
-    skipped = [s for s in range(STEPS) if steps[0, s][0]]
-    assert skipped == [INJECT_AT], "rank 0 skips the step whose inf came from rank 1, and only that one"
-    _, scale_before, weights_before = steps[0, INJECT_AT - 1]
-    _, scale_after, weights_after = steps[0, INJECT_AT]
+        assert job.steps[0, s] == job.steps[1, s], f"step {s}: the ranks disagree: {job.steps[0, s]} vs {job.steps[1, s]}"
+    assert job.skipped(0) == [INJECT_AT], "rank 0 skips the step whose inf came from rank 1, and only that one"
+    _, scale_before, weights_before = job.steps[0, INJECT_AT - 1]
+    _, scale_after, weights_after = job.steps[0, INJECT_AT]
     assert scale_after == scale_before / 2 and weights_after == weights_before   # backed off, not updated
-    assert final[0] == (steps[0, STEPS - 1][1], steps[0, STEPS - 1][2])
-    assert final[0][0] == 2.0**15, "one backoff from the default 2**16"
+    assert job.final[0] == (job.steps[0, STEPS - 1][1], job.steps[0, STEPS - 1][2])
+    assert job.final[0][0] == 2.0**15, "one backoff from the default 2**16"
+    assert job.all_reduces == {0: STEPS, 1: STEPS}, "one gradient all-reduce per step"
 
 
 @pytest.mark.slow
 def test_control_an_inf_put_in_after_the_all_reduce_is_seen_by_one_rank_only():
     """The same fault behind DDP's back (after the reduction): only rank 1 skips, and the replicas part.
 
-    In bf16, where no scaler runs and the isfinite check skips the step instead (scale stays 1.0).
+    In bf16, where no scaler runs and the finite check skips the step instead (scale stays 1.0).
     """
-    final, steps = launch("--precision", "bf16", "--steps", str(INJECT_AT + 2), "--inject-inf", str(INJECT_AT),
-                          "--inject-rank", str(INJECT_RANK), "--inject-after-reduce", "--log-steps")
+    job = launch("--precision", "bf16", "--steps", str(INJECT_AT + 2), "--inject-inf", str(INJECT_AT),
+                 "--inject-rank", str(INJECT_RANK), "--inject-after-reduce", "--log-steps")
+    steps = job.steps
     assert [steps[0, s][2] for s in range(INJECT_AT)] == [steps[1, s][2] for s in range(INJECT_AT)], "agree before"
     assert steps[INJECT_RANK, INJECT_AT][0] and not steps[1 - INJECT_RANK, INJECT_AT][0]
     assert steps[INJECT_RANK, INJECT_AT][2] == steps[INJECT_RANK, INJECT_AT - 1][2], "the skipped step changed nothing"
-    assert final[0][0] == final[1][0] == 1.0
-    assert final[0][1] != final[1][1], "from then on the replicas differ"
+    assert job.final[0][0] == job.final[1][0] == 1.0
+    assert job.final[0][1] != job.final[1][1], "from then on the replicas differ"
+
+
+@pytest.mark.slow
+def test_accumulation_with_no_sync_reduces_once_per_step_and_an_inf_in_a_quiet_micro_batch_reaches_every_rank():
+    quiet = launch("--steps", "3", "--accumulate", "4", "--log-steps", "--inject-inf", "1", "--inject-rank", "1",
+                   "--inject-micro-batch", "0")
+    assert quiet.all_reduces == {0: 3, 1: 3}
+    assert quiet.skipped(0) == quiet.skipped(1) == [1], "the inf waited in rank 1's local sum, then reached rank 0"
+    assert quiet.final[0] == quiet.final[1]
+    # the same job without the fault, with and without no_sync: the same steps, one all-reduce vs four per step
+    runs = {sync: launch("--steps", "3", "--accumulate", "4", "--log-steps", *(["--sync-each-micro-batch"] if sync else []))
+            for sync in (False, True)}
+    assert runs[False].all_reduces == {0: 3, 1: 3} and runs[True].all_reduces == {0: 12, 1: 12}
+    for job in runs.values():
+        assert job.final[0] == job.final[1] and not job.skipped(0)
+    # summing locally first adds the same numbers in another order: equal to rounding, not bit for bit
+    assert runs[False].final[0][1] == pytest.approx(runs[True].final[0][1], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_fsdp2_shards_fp32_masters_and_both_ranks_skip_an_inf_in_one_shard():
+    job = launch("--fsdp", "--impl", "torch", "--steps", "4", "--inject-inf", "2", "--inject-rank", "1", "--log-steps")
+    assert "rank 0: holds (32, 784) of 1.weight (64, 784), stored as torch.float32, computed in torch.float16" in job.text
+    assert 2 in job.skipped(0) and job.skipped(0) == job.skipped(1)
+    assert job.final[0] == job.final[1]
+    assert not job.all_reduces, "FSDP2 reduce-scatters; the DDP all-reduce counter is not used"
+    ddp = launch("--impl", "torch", "--steps", "2", "--log-steps")
+    assert [job.steps[0, s] for s in (0, 1)] == [ddp.steps[0, s] for s in (0, 1)], \
+        "fp16 params at module boundaries = fp16 autocast on this MLP, step for step"
+
+
+@pytest.mark.slow
+def test_launch_reports_a_failed_job():
+    with pytest.raises(RuntimeError, match="the job failed"):
+        launch("--steps", "1", "--fsdp", "--impl", "ampteach")   # refused by the argument check
+
+
+def test_parse_output_reads_every_kind_of_line_in_any_order():
+    text = "\n".join(["rank 1: scale 2.0 checksum 3.5", "noise", "rank 0: step 0 skipped True scale 1.0 checksum 2.0",
+                      "rank 0: gradient all-reduces 7 in 7 steps of 1 micro-batches", "rank 0: scale 2.0 checksum 3.5"])
+    out = parse_output(text)
+    assert out.final == {0: (2.0, 3.5), 1: (2.0, 3.5)} and out.steps == {(0, 0): (True, 1.0, 2.0)}
+    assert out.all_reduces == {0: 7} and out.skipped(0) == [0] and out.skipped(1) == []
+    assert "noise" not in out.text and out.text.splitlines()[0].startswith("rank 0")
 
 
 @pytest.fixture(scope="module")
@@ -122,4 +136,8 @@ def test_the_module_says_how_to_launch_it_when_run_alone(monkeypatch, capsys):
         ampteach.distributed.main(["--steps", "1"])
     with pytest.raises(SystemExit):
         parse_args(["--steps", "0"])
-    assert "--steps and --batch-size must be >= 1" in capsys.readouterr().err
+    assert "--steps, --batch-size and --accumulate must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--fsdp", "--impl", "ampteach"])
+    assert "ampteach.GradScaler does not yet" in capsys.readouterr().err
+    assert parse_args(["--fsdp", "--impl", "ampteach", "--precision", "bf16"]).fsdp

@@ -24,6 +24,7 @@ import torch
 
 import ampteach
 from ampteach.data import Preloaded
+from ampteach.side_by_side import first_difference
 from ampteach.train import TrainConfig, train
 
 FAULT_RATE = 0.05
@@ -135,23 +136,10 @@ def resumed(data: Preloaded, config: TrainConfig, path) -> torch.nn.Module:
     return model
 
 
-def assert_same(a, b, where: str = "checkpoint") -> None:
+def assert_same(a, b) -> None:
     """a and b equal bit for bit: tensors by torch.equal (and dtype), containers entry by entry."""
-    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and torch.equal(a, b), f"{where}: tensors differ"
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), f"{where}: keys {sorted(a)} != {sorted(b)}"
-        for k in a:
-            assert_same(a[k], b[k], f"{where}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), f"{where}: lengths {len(a)} != {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}[{i}]")
-    elif isinstance(a, float) and math.isnan(a):
-        assert math.isnan(b), f"{where}: nan != {b}"
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
+    difference = first_difference(a, b, "checkpoint")
+    assert difference is None, difference
 
 
 def assert_same_final_state(model_a, path_a, model_b, path_b) -> None:
@@ -182,7 +170,7 @@ def test_a_run_killed_and_resumed_ends_bit_identical(data, tmp_path, name, kill_
 
 
 def test_a_resume_without_the_scaler_state_goes_astray(data, tmp_path):
-    """The control for the test above: drop the scaler's state (learners' mistake 7) and the runs differ."""
+    """The control for the test above: drop the scaler's state and the runs differ."""
     data, config = subset(data), resume_config("autocast-fp16-torch")
     ref = uninterrupted(data, config, tmp_path / "ref.pt")
     path = tmp_path / "run.pt"

@@ -1,0 +1,49 @@
+"""ampteach.side_by_side: the pairs the lessons run, one starting model, and bit-for-bit comparison."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import ampteach
+from ampteach.side_by_side import CUSTOM_FUNCTIONS, IMPLEMENTATIONS, first_difference, fresh_mlp, same_state, same_weights
+
+
+def test_the_pairs_are_torchs_and_ampteachs():
+    assert IMPLEMENTATIONS["torch.amp"] == (torch.autocast, torch.amp.GradScaler)
+    assert IMPLEMENTATIONS["ampteach"] == (ampteach.autocast, ampteach.GradScaler)
+    assert CUSTOM_FUNCTIONS["torch.amp"][1:] == (torch.amp.custom_fwd, torch.amp.custom_bwd)
+    assert CUSTOM_FUNCTIONS["ampteach"][1:] == (ampteach.custom_fwd, ampteach.custom_bwd)
+
+
+def test_fresh_mlp_repeats_its_weights_per_seed():
+    assert same_weights(fresh_mlp(seed=3), fresh_mlp(seed=3))
+    assert not same_weights(fresh_mlp(seed=3), fresh_mlp(seed=4))
+    assert not same_weights(fresh_mlp((8,)), fresh_mlp((16,)))
+
+
+def test_same_weights_sees_one_ulp_and_a_dtype():
+    a, b = fresh_mlp(), fresh_mlp()
+    with torch.no_grad():
+        w = b[1].weight.view(-1)
+        w[0] = torch.nextafter(w[0], torch.tensor(math.inf))
+    assert not same_weights(a, b)
+    assert not same_weights(fresh_mlp(), fresh_mlp().double())
+
+
+def test_first_difference_names_where():
+    base = {"model": {"w": torch.ones(2)}, "scaler": {"scale": 2.0}, "history": [1.0, math.nan], "step": 3}
+    same = {"model": {"w": torch.ones(2)}, "scaler": {"scale": 2.0}, "history": [1.0, math.nan], "step": 3}
+    assert first_difference(base, same) is None and same_state(base, same)
+    cases = {
+        "state['model']['w']: tensors differ": {**same, "model": {"w": torch.tensor([1.0, 2.0])}},
+        "state['scaler']['scale']: 2.0 != 4.0": {**same, "scaler": {"scale": 4.0}},
+        "state['history'][1]: nan != 0.0": {**same, "history": [1.0, 0.0]},
+        "state['history']: lengths 2 != 1": {**same, "history": [1.0]},
+        "state: keys": {k: v for k, v in same.items() if k != "step"},
+        "state['step']: int != float": {**same, "step": 3.0},
+    }
+    for expected, other in cases.items():
+        assert first_difference(base, other).startswith(expected), expected
+    assert first_difference(torch.ones(2), torch.ones(2, dtype=torch.float16)) == "state: tensors differ"
