@@ -1,65 +1,75 @@
-"""torch.autocast rebuilt in Python: a torch function mode that casts each op's inputs by its cast list.
+"""torch.autocast rebuilt where torch builds it: Python kernels at the dispatcher's Autocast keys.
 
     with ampteach.autocast("cpu", dtype=torch.bfloat16):      # drop-in for torch.autocast
         loss = F.cross_entropy(model(x), y)                   # linear in bf16, the loss in fp32
-    loss.backward()                                           # grads flow back through the casts, fp32 params get fp32 grads
+    loss.backward()                                           # fp32 parameters get fp32 gradients
 
     with ampteach.autocast("cpu", record=True) as region:     # beyond torch: what was cast, op by op
         model(x)
     region.records[0]    # CastRecord(op='linear', policy='lower_precision_fp', inputs=(float32, ...), output=bfloat16)
 
-Each op call in the region is looked up in ampteach.cast_lists and its eligible inputs (floating
-point, on the region's device, not float64) are cast before the op runs:
-lower_precision_fp: x -> x.to(dtype); fp32: x -> x.float(); fp32_set_opt_dtype: op(x) -> op(x,
-dtype=float32); promote: every input -> the widest among them; banned: raise. Everything else runs
-as it is, so in-place ops, out= calls and an explicit dtype= are left alone.
+Per listed op call, each eligible input x (floating point, on the region's device, not float64):
+lower_precision_fp x -> x.to(dtype); fp32 x -> x.float(); fp32_set_opt_dtype op(x) -> op(x,
+dtype=float32); fp32_append_dtype norm(x) -> norm(x, dtype=float32); promote: every input -> the
+widest of them; banned: raise.
 
-It works above autograd (torch.overrides.TorchFunctionMode sees the Python call before autograd
-records it), so each cast is an ordinary `.to()` in the graph: backward casts the gradient back, and
-an fp32 parameter receives an fp32 gradient. The same fp32 leaf parameter used twice in one region is
-cast once (the weight-cast cache), so its two gradient contributions are summed in half precision
-before the cast's backward, exactly as in torch. torch.autocast does the same work in C++, below the
-Python API, at the dispatcher's Autocast keys; tests/test_autocast.py checks that both produce the
-same dtypes op by op, and bit-identical outputs and gradients for the course's models.
+How. Every tensor carries its device's Autocast dispatch key, which torch keeps switched off per
+thread; an autocast region switches it on. Then each op call meets the key first, above autograd:
+an op with a kernel there has its inputs cast and is called again below the key (so autograd
+records the casts: backward casts each gradient back); an op without one falls through unchanged.
+ampteach registers its own Python kernel for every op in ampteach.cast_lists at AutocastCPU and
+AutocastCUDA (torch.library), in place of torch's C++ kernels, and sets torch's autocast state
+(enabled, dtype, cache_enabled, nesting) exactly as torch.autocast does. So whatever in torch reads
+that state sees a region (checkpointing, custom_fwd, nn.LSTM, scripted modules, custom ops), C++
+composites decompose into listed ops exactly as under torch, and only listed ops enter Python.
 
-Unlike torch.autocast("cuda"), this one does not switch itself off without a GPU, so its CUDA lists
-can be exercised on a CPU with fake CUDA tensors (torch._subclasses.fake_tensor.FakeTensorMode).
+Installing ~250 kernels costs more than a training step, so the first region installs them and
+they stay while only ampteach regions run. A kernel reached in a thread with no ampteach region
+open was reached from a torch.autocast region: it removes ampteach's library and calls the op
+again, so torch's kernels serve from then on; the next ampteach region installs again.
 
-How calls map to ops: a C++ binding (torch.mm, Tensor.exp, F.linear, torch.ops.aten.mm) names its
-aten op; a Python-level function (F.cross_entropy, torch.norm, F.multi_head_attention_forward) runs
-its own body under the mode, so the ops it calls are cast one by one; a C++ composite outside the
-lists (CUDA cross_entropy_loss, CPU einsum) takes the policy cast_lists.COMPOSITES gives it.
+Mixing with torch.autocast, in one thread: inside an ampteach region ampteach's kernels serve every
+autocast op, also in a torch.autocast region nested in it (that region only changes the state
+the kernels read: dtype, enabled, cache_enabled). A torch.autocast region around an ampteach region
+runs ampteach's kernels while the inner region is open and torch's after it. Each implementation
+keeps its own weight-cast cache; ampteach's is emptied when the thread's outermost ampteach region
+exits (torch's when its nesting count returns to 0).
 
-Two CPU composites cast only part of their work (the LSTM and GRU cells' gate linears): for those,
-a Python transcription of their ATen body runs under the mode (cast_lists.TRANSCRIBED).
+Threads: regions and torch's autocast state are per thread; the kernels are process-wide. A thread
+with no region never reaches them (its Autocast keys are off). A thread in its own ampteach region
+is served with its own dtype and records. A thread in a torch.autocast region while another thread
+has an ampteach region open is served by ampteach's kernels with torch's casts but without the
+weight-cast cache (the dispatch table is not changed under a running region). Installing and
+removing kernels changes the process-wide dispatch table: like any torch.library registration it
+must not race with op calls in other threads, so open the first ampteach region before starting
+threads that run torch.autocast.
 
-Known differences from torch.autocast, all from C++ code a Python mode cannot enter: CPU
-linalg.pinv computes in fp32 then multiplies in bf16 in torch, here all in fp32; an fp16 nn.LSTM on CPU fails in torch's oneDNN kernel and runs here; and
-inference fast paths (nn.TransformerEncoderLayer / nn.MultiheadAttention in eval mode without grad)
-switch themselves off while any torch function mode is active, so they take the ordinary path.
+Beyond torch: record=True; fake_cuda=True keeps a CUDA region on without a GPU so that its lists
+run on fake CUDA tensors (reference.fake_cuda()): dtypes and errors are real, numbers are not.
+Not served by ampteach: CUDA's _cudnn_rnn (registered by CUDA builds only; its kernel re-flattens
+cuDNN weight buffers with C++ helpers Python cannot reach), so torch's kernel runs for it.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-import types
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
-from .cast_lists import BUILTIN_OPS, COMPOSITES, DEVICE_TYPES, base_name, policies, registered
+from . import cast_lists
 
-DEFAULT_DTYPES = {"cpu": torch.bfloat16, "cuda": torch.float16}
+DEVICE_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+NOT_SERVED = {("cuda", "_cudnn_rnn")}
+_F32, _F64 = torch.float32, torch.float64
 
 BANNED_MESSAGE = (
     "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
-    "You called {op} inside an ampteach.autocast('cuda') region. In float16 a sigmoid output close to 1 "
+    "You called aten::binary_cross_entropy inside a CUDA autocast region. In float16 a sigmoid output close to 1 "
     "rounds to exactly 1 (and a tiny one to 0), so log(1 - p) or log(p) becomes -inf.\n"
     "Use torch.nn.functional.binary_cross_entropy_with_logits or torch.nn.BCEWithLogitsLoss on the "
     "logits (drop the sigmoid): they are safe to autocast (fp32 policy). Or compute this loss after the "
@@ -85,335 +95,341 @@ def _short(dtype: torch.dtype | None) -> str:
     return "-" if dtype is None else str(dtype).removeprefix("torch.")
 
 
-class _State(threading.local):
-    """Per thread, like torch's: which devices autocast, to what, and the weight-cast cache."""
+# ---------------------------------------------------------------------------------------------------
+# State: torch keeps enabled/dtype/cache_enabled/nesting; ampteach adds which regions are its own.
 
+class _Thread(threading.local):
     def __init__(self) -> None:
-        self.enabled = {device: False for device in DEVICE_TYPES}
-        self.dtype = dict(DEFAULT_DTYPES)
-        self.cache_enabled = True
-        self.nesting = 0
-        self.cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # id(fp32 leaf) -> (leaf, its cast)
+        self.depth = 0                                   # ampteach regions open in this thread
+        self.saved: list[tuple[autocast, tuple]] = []    # (region, torch's state before it), innermost last
         self.recorders: list[list[CastRecord]] = []
-        self.mode: AutocastMode | None = None   # on the torch function mode stack while any region is enabled
 
 
-_state = _State()
+_thread = _Thread()
+_lock = threading.RLock()
+_open = 0                                                # ampteach regions open in all threads
+_library: torch.library.Library | None = None
+_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(fp32 leaf) -> (leaf, cast): process-wide, as torch's
 
 
 def is_autocast_enabled(device_type: str = "cuda") -> bool:
-    """Whether ampteach.autocast is on for device_type here (torch.is_autocast_enabled's twin)."""
-    return _state.enabled[_check_device(device_type)]
+    """torch.is_autocast_enabled: the state ampteach regions set is torch's own."""
+    return torch.is_autocast_enabled(device_type)
 
 
 def get_autocast_dtype(device_type: str) -> torch.dtype:
-    """The dtype lower_precision_fp ops run in on device_type (torch.get_autocast_dtype's twin)."""
-    return _state.dtype[_check_device(device_type)]
+    """torch.get_autocast_dtype: the dtype lower_precision_fp ops run in on device_type."""
+    return torch.get_autocast_dtype(device_type)
 
 
 def cached_casts() -> int:
-    """How many weight casts the cache holds now (it is emptied when the outermost region exits)."""
-    return len(_state.cache)
+    """How many weight casts ampteach's cache holds now (emptied when the outermost region exits)."""
+    return len(_cache)
 
 
-def _check_device(device_type: Any) -> str:
-    if not isinstance(device_type, str):
-        raise ValueError(f"Expected `device_type` of type `str`, got: `{type(device_type)}`")
-    if device_type not in DEVICE_TYPES:
-        raise ValueError(f"ampteach.autocast has cast lists for 'cpu' and 'cuda' only, got {device_type!r}; "
-                         f"use torch.autocast({device_type!r}) for other devices")
-    return device_type
+def clear_autocast_cache() -> None:
+    """Empty ampteach's weight-cast cache (torch.clear_autocast_cache's twin; regions call it on exit)."""
+    _cache.clear()
+
+
+def installed() -> bool:
+    """Whether ampteach's kernels are registered at the Autocast keys now."""
+    return _library is not None
 
 
 # ---------------------------------------------------------------------------------------------------
-# Watching ops: a torch function mode that maps each call to an aten op and, for Python-level
-# functions, runs their body under the mode so the ops they call are seen one by one.
+# Casting, as torch's at::autocast::cached_cast
 
-def _never(*args: Any, **kwargs: Any) -> bool:
-    return False
-
-
-_OVERRIDE_CHECKS = ("has_torch_function", "has_torch_function_unary", "has_torch_function_variadic")
-_BODIES: dict[Callable, Callable] = {}
+def _on_cpu(t: torch.Tensor) -> bool:
+    return t.is_cpu or t.is_mkldnn
 
 
-def _body_of(func: types.FunctionType) -> Callable:
-    """func with its own `if has_torch_function(...): return handle_torch_function(...)` switched off.
+def _on_cuda(t: torch.Tensor) -> bool:
+    return t.is_cuda
 
-    Python-level torch functions (F.cross_entropy, torch.norm, F.multi_head_attention_forward) open
-    with that check, which hands the call to the active mode. Running this copy instead lets the
-    body run with the mode still active, so every op it calls reaches the mode on its own, the way
-    torch's dispatcher sees them. The copy shares func's code, defaults and closure.
+
+_ON_DEVICE = {"cpu": _on_cpu, "cuda": _on_cuda}
+
+
+_CONVERT = {torch.bfloat16: torch.Tensor.bfloat16, torch.float16: torch.Tensor.half, torch.float32: torch.Tensor.float}
+
+
+def _converter(to: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """t -> t.to(to), by the fastest binding (t.bfloat16() parses no arguments; same op, same graph)."""
+    return _CONVERT.get(to) or (lambda t: t.to(to))
+
+
+def _cast(t: torch.Tensor | None, to: torch.dtype, convert: Callable, on_device: Callable, cache: bool) -> Any:
+    """t.to(to) if t is eligible (floating, on the device, not float64) and not already `to`.
+
+    With cache=True (to is the region's dtype), an fp32 leaf that requires grad and is not a view
+    is cast once per region: the weight-cast cache. The cast is made with grad enabled (a cast first
+    made under no_grad still carries gradients later), never in inference mode, and keyed by the
+    tensor alone (an inner region with another dtype gets the outer region's cast, as in torch).
     """
-    body = _BODIES.get(func)
-    if body is None:
-        namespace = dict(func.__globals__)
-        for name in _OVERRIDE_CHECKS:
-            if name in namespace:
-                namespace[name] = _never
-        body = types.FunctionType(func.__code__, namespace, func.__name__, func.__defaults__, func.__closure__)
-        body.__kwdefaults__ = func.__kwdefaults__
-        _BODIES[func] = body
-    return body
+    if t is None or t.dtype is to or not t.is_floating_point() or t.dtype is _F64 or not on_device(t):
+        return t
+    if (cache and t.dtype is _F32 and t.requires_grad and t.is_leaf and not t._is_view()
+            and torch.is_autocast_cache_enabled() and not torch.is_inference_mode_enabled()
+            and not torch._C._is_cached_tensor(t)):
+        hit = _cache.get(id(t))
+        if hit is not None and hit[0] is t:
+            return hit[1]
+        with torch.enable_grad():
+            cast = convert(t)
+        _cache[id(t)] = (t, cast)          # holding t keeps its id from being reused while cached
+        return cast
+    return convert(t)
 
 
-_BOOLEAN_DISPATCHED = getattr(torch._jit_internal, "boolean_dispatched", {})
-
-
-def _boolean_branch(func: Callable, args: tuple, kwargs: dict) -> Callable | None:
-    """F.max_pool2d and friends pick one of two functions by a flag (return_indices): that one."""
-    info = _BOOLEAN_DISPATCHED.get(func)
-    if info is None:
-        return None
-    flag = info["default"]
-    if info["arg_name"] in kwargs:
-        flag = kwargs[info["arg_name"]]
-    elif info["index"] < len(args):
-        flag = args[info["index"]]
-    return info["if_true"] if flag else info["if_false"]
-
-
-def _lstm_cell(input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
-    """ATen's LSTMCell, CPU path (aten/src/ATen/native/RNN.cpp), op for op: its linears get cast."""
-    h, c = hx
-    gates = F.linear(h, w_hh, b_hh).add_(F.linear(input, w_ih, b_ih))
-    ingate, forgetgate, cellgate, outgate = gates.unsafe_chunk(4, 1)
-    ingate, forgetgate, cellgate, outgate = ingate.sigmoid_(), forgetgate.sigmoid_(), cellgate.tanh_(), outgate.sigmoid_()
-    cy = (forgetgate * c).add_(ingate * cellgate)
-    return outgate * cy.tanh(), cy
-
-
-def _gru_cell(input, hx, w_ih, w_hh, b_ih=None, b_hh=None):
-    """ATen's GRUCell, CPU path (aten/src/ATen/native/RNN.cpp), op for op: its linears get cast."""
-    igates = F.linear(input, w_ih, b_ih).unsafe_chunk(3, 1)
-    hgates = F.linear(hx, w_hh, b_hh).unsafe_chunk(3, 1)
-    reset_gate = hgates[0].add_(igates[0]).sigmoid_()
-    input_gate = hgates[1].add_(igates[1]).sigmoid_()
-    new_gate = igates[2].add(hgates[2].mul_(reset_gate)).tanh_()
-    return (hx - new_gate).mul_(input_gate).add_(new_gate)
-
-
-_TRANSCRIPTIONS = {("cpu", "lstm_cell"): _lstm_cell, ("cpu", "gru_cell"): _gru_cell}   # cast_lists.TRANSCRIBED
+def _prioritize(current: torch.dtype, t: torch.Tensor, low: torch.dtype, on_device: Callable, op: str) -> torch.dtype:
+    """promote: float32 once any eligible input is float32, else the region's dtype; float64 ignored."""
+    if t is None or not t.is_floating_point() or not on_device(t) or t.dtype is _F64:
+        return current
+    if current is _F32 or t.dtype is _F32:
+        return _F32
+    if current is low and t.dtype is low:
+        return low
+    raise RuntimeError(
+        f"Unexpected floating ScalarType in at::autocast::prioritize: {op} (promote) got a {t.dtype} input "
+        f"inside a {low} autocast region. Cast that input to {low} or torch.float32 before calling {op}.")
 
 
 def _tensors(args: tuple, kwargs: dict):
-    """The tensor arguments of a call, one level into lists and tuples (aten's Tensor[] arguments)."""
+    """The tensor arguments of a call, one level into lists (aten's Tensor[] arguments)."""
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor):
             yield value
         elif isinstance(value, (list, tuple)):
-            for item in value:
-                if isinstance(item, torch.Tensor):
-                    yield item
+            yield from (v for v in value if isinstance(v, torch.Tensor))
 
 
-def _aten_op(func: Any) -> str | None:
-    """torch.ops.aten.mm -> 'mm'; torch.ops.aten.softmax.int -> 'softmax.int'; anything else -> None."""
-    if isinstance(func, torch._ops.OpOverload):
-        namespace, _, name = func._schema.name.partition("::")
-        overload = func._overloadname
-        return None if namespace != "aten" else name if overload == "default" else f"{name}.{overload}"
-    if isinstance(func, torch._ops.OpOverloadPacket):
-        namespace, _, name = func._qualified_op_name.partition("::")
-        return name if namespace == "aten" else None
-    return None
-
-
-def _first_output_dtype(out: Any) -> torch.dtype | None:
+def _first_dtype(out: Any) -> torch.dtype | None:
     if isinstance(out, torch.Tensor):
         return out.dtype
     if isinstance(out, (list, tuple)):
-        for item in out:
-            dtype = _first_output_dtype(item)
-            if dtype is not None:
-                return dtype
+        return next((d for d in map(_first_dtype, out) if d is not None), None)
     return None
 
 
-def _eligible(t: torch.Tensor, device_type: str) -> bool:
-    """Autocast casts only floating-point, non-float64 tensors on its own device."""
-    on_device = t.is_cuda if device_type == "cuda" else t.is_cpu
-    return on_device and t.is_floating_point() and t.dtype is not torch.float64
+# ---------------------------------------------------------------------------------------------------
+# Kernels: one per (device, op.overload), built from the op's schema and its policy
+
+def _overload(name: str) -> torch._ops.OpOverload:
+    base, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, base), overload or "default")
 
 
-def _explicit_dtype(args: tuple, kwargs: dict) -> bool:
-    return kwargs.get("dtype") is not None or any(isinstance(a, torch.dtype) for a in args)
+class _Slot(NamedTuple):
+    """An argument torch's wrapper casts: a Tensor, a Tensor? or a Tensor[] (not a Tensor?[])."""
+
+    index: int              # in the schema
+    name: str
+    keyword: bool           # keyword-only: the kernel receives it in kwargs
+    is_list: bool
+    optional: bool          # Tensor?: cast, but left out of promote's choice of dtype (as in torch)
 
 
-class OpWatcher(TorchFunctionMode):
-    """A torch function mode that hands every call of a listed (or composite) op to `handle`.
+def _slots(op: torch._ops.OpOverload) -> list[_Slot]:
+    slots = []
+    for i, arg in enumerate(op._schema.arguments):
+        kind = inner = arg.type
+        optional = isinstance(kind, torch._C.OptionalType)
+        if optional:
+            inner = kind.getElementType()
+        is_list = isinstance(inner, torch._C.ListType) and not optional
+        if is_list:
+            inner = inner.getElementType()
+        if isinstance(inner, torch._C.TensorType):
+            slots.append(_Slot(i, arg.name, arg.kwarg_only, is_list, optional))
+    return slots
 
-    Subclasses say which devices are on (`device_enabled`) and what to do with a call (`handle`):
-    ampteach.autocast casts its inputs; reference.TorchAutocastRecorder only records dtypes while
-    torch.autocast casts. Both walk the same calls, so their records line up one to one.
+
+@functools.lru_cache(maxsize=None)
+def _casts_last_argument_first() -> bool:
+    """Whether torch's C++ wrappers cast an op's last argument first, probed once on torch's own mm.
+
+    The wrapper casts each argument inside one function call, and C++ leaves the order of
+    evaluating call arguments to the compiler (GCC on x86-64: right to left). The order matters:
+    it numbers the casts' autograd nodes, and that decides the order in which backward adds up
+    gradient contributions. ampteach casts in the order torch's build does.
     """
+    if _library is not None:
+        raise RuntimeError("probe torch's cast order before installing ampteach's kernels")
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._running: set[Callable] = set()
-        self._policies = {device: policies(device) for device in DEVICE_TYPES}
+    first, second, seen = torch.zeros(1, 1), torch.ones(1, 1), []
 
-    def device_enabled(self, device_type: str) -> bool:
-        raise NotImplementedError
-
-    def handle(self, op: str, policy: str, device_type: str, func: Callable, args: tuple, kwargs: dict):
-        raise NotImplementedError
-
-    def __torch_function__(self, func, types_, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        op = BUILTIN_OPS.get(func)
-        if op is None:
-            if type(func) is types.FunctionType:
-                return self._run_body(func, args, kwargs)
-            op = _aten_op(func)
-            if op is None:
-                return func(*args, **kwargs)
-        if kwargs.get("out") is not None:          # out= variants are not autocast
-            return func(*args, **kwargs)
-        device_type = self._device_of(args, kwargs)
-        if device_type is None:
-            return func(*args, **kwargs)
-        transcription = _TRANSCRIPTIONS.get((device_type, op))
-        if transcription is not None:              # casts inside only: run its body where we can see it
-            return self._run_under_mode(transcription, args, kwargs)
-        policy = self._policy(op, device_type, args, kwargs)
-        if policy is None:
-            return func(*args, **kwargs)
-        if policy == "fp32_append_dtype" and isinstance(func, torch._ops.OpOverload):
-            func = func.overloadpacket              # norm.Scalar has no dtype: let torch pick norm.ScalarOpt_dtype
-        return self.handle(base_name(op), policy, device_type, func, args, kwargs)
-
-    def _device_of(self, args: tuple, kwargs: dict) -> str | None:
-        """The region device an op belongs to: CUDA if it has a CUDA tensor and CUDA is on, else CPU."""
-        has_cpu = False
-        for t in _tensors(args, kwargs):
-            if t.is_cuda:
-                if self.device_enabled("cuda"):
-                    return "cuda"
-            elif t.is_cpu:
-                has_cpu = True
-        return "cpu" if has_cpu and self.device_enabled("cpu") else None
-
-    def _policy(self, op: str, device_type: str, args: tuple, kwargs: dict) -> str | None:
-        """op is a base name ('mm'), or 'name.overload' for a torch.ops.aten overload called directly."""
-        name = base_name(op)
-        if "." in op and op not in registered(device_type):   # an overload torch does not autocast (e.g. .out)
-            return None
-        policy = self._policies[device_type].get(name)
-        if policy is None and "." not in op:
-            composite = COMPOSITES[device_type].get(name)
-            if composite is not None and (composite.applies is None or composite.applies(args, kwargs)):
-                policy = composite.policy
-        return policy
-
-    def _run_body(self, func: types.FunctionType, args: tuple, kwargs: dict):
-        target = _boolean_branch(func, args, kwargs) or func
-        if target in self._running:            # its body handed the call back under another name
-            return func(*args, **kwargs)
-        self._running.add(target)
-        try:
-            return self._run_under_mode(_body_of(target), args, kwargs)
-        finally:
-            self._running.discard(target)
-
-    def _run_under_mode(self, body: Callable, args: tuple, kwargs: dict):
-        """body(*args, **kwargs) with this mode active again, so the calls inside reach it one by one."""
-        torch._C._push_on_torch_function_stack(self)     # what `with self:` does, without its overhead
-        try:
-            return body(*args, **kwargs)
-        finally:
-            torch._C._pop_torch_function_stack()
-
-
-class AutocastMode(OpWatcher):
-    """The mode behind every ampteach.autocast region of one thread; policies live in `handle`."""
-
-    def device_enabled(self, device_type: str) -> bool:
-        return _state.enabled[device_type]
-
-    def handle(self, op, policy, device_type, func, args, kwargs):
-        low = _state.dtype[device_type]
-        inputs = tuple(t.dtype for t in _tensors(args, kwargs)) if _state.recorders else ()
-        if policy == "banned":
-            raise RuntimeError(BANNED_MESSAGE.format(op=f"torch.nn.functional.{op} (aten::{op})"))
-        if policy == "lower_precision_fp":
-            to = low
-        elif policy == "fp32":
-            to = torch.float32
-        elif policy == "promote":
-            to = _widest(op, device_type, low, args, kwargs)
-        else:   # fp32_set_opt_dtype / fp32_append_dtype: ask the op for a float32 result, cast nothing
-            to = None
-            first = next(_tensors(args, kwargs), None)
-            if first is not None and _eligible(first, device_type) and not _explicit_dtype(args, kwargs):
-                kwargs = {**kwargs, "dtype": torch.float32}
-                if policy == "fp32_append_dtype" and len(args) == 1 and "p" not in kwargs:
-                    args = (args[0], 2)   # norm(x) is norm(x, p=2); the overload with dtype wants p
-        if to is not None:
-            args = tuple(_cast_arg(a, to, device_type, low) for a in args)
-            kwargs = {k: _cast_arg(v, to, device_type, low) for k, v in kwargs.items()}
-        out = func(*args, **kwargs)
-        if _state.recorders:
-            record = CastRecord(op, policy, inputs, _first_output_dtype(out))
-            for records in _state.recorders:
-                records.append(record)
-        return out
-
-    def __torch_function__(self, func, types_, args=(), kwargs=None):
-        if not (_state.enabled["cpu"] or _state.enabled["cuda"]):   # inside an enabled=False region
+    class Casts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default:
+                seen.append(args[0] is second)
             return func(*args, **(kwargs or {}))
-        return super().__torch_function__(func, types_, args, kwargs)
+
+    with Casts(), torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        torch.mm(first, second)
+    return seen[0]
 
 
-def _widest(op: str, device_type: str, low: torch.dtype, args: tuple, kwargs: dict) -> torch.dtype:
-    """promote: float32 once any eligible input is float32, else the region's dtype (float64 ignored).
+def _body(device: str, name: str, policy: str) -> Callable:
+    """body(args, kwargs, use_cache) -> the op's result, cast by `policy` as torch's wrapper casts."""
+    op = _overload(name)
+    on_device = _ON_DEVICE[device]
+    call = op._op                          # what OpOverload.__call__ calls, one Python frame less
+    slots = _slots(op)
+    order = slots[::-1] if _casts_last_argument_first() else slots
+    no_autocast = torch._C._DisableAutocast
+    get_dtype = torch.get_autocast_dtype
 
-    Inputs are taken in order, as torch does: a float16 input in a bfloat16 region is an error
-    unless a float32 input came before it.
-    """
-    to = low
-    for t in _tensors(args, kwargs):
-        if not _eligible(t, device_type):
-            continue
-        if to is torch.float32 or t.dtype is torch.float32:
-            to = torch.float32
-        elif t.dtype is not low:
-            raise RuntimeError(
-                f"{op} (promote policy) got a {t.dtype} input inside a {low} autocast region "
-                f"(torch.autocast raises 'Unexpected floating ScalarType in at::autocast::prioritize' "
-                f"here too). Cast that input to {low} or torch.float32 before calling {op}.")
-    return to
+    def cast_all(args: tuple, kwargs: dict, to: torch.dtype, cache: bool):
+        convert = _converter(to)
+        args, kwargs = list(args), dict(kwargs)
+        n = len(args)
+        for slot in order:
+            if slot.keyword:
+                if slot.name not in kwargs:
+                    continue
+                value = kwargs[slot.name]
+            elif slot.index < n:
+                value = args[slot.index]
+            else:
+                continue
+            value = ([_cast(t, to, convert, on_device, cache) for t in value] if slot.is_list
+                     else _cast(value, to, convert, on_device, cache))
+            if slot.keyword:
+                kwargs[slot.name] = value
+            else:
+                args[slot.index] = value
+        return args, kwargs
+
+    if policy == "lower_precision_fp":
+        def body(args, kwargs, use_cache):
+            with no_autocast():
+                args, kwargs = cast_all(args, kwargs, get_dtype(device), use_cache)
+                return call(*args, **kwargs)
+    elif policy == "fp32":
+        def body(args, kwargs, use_cache):
+            with no_autocast():
+                args, kwargs = cast_all(args, kwargs, _F32, False)
+                return call(*args, **kwargs)
+    elif policy == "fp32_set_opt_dtype":
+        index = next((i for i, a in enumerate(op._schema.arguments) if a.name == "dtype" and not a.kwarg_only), None)
+
+        def body(args, kwargs, use_cache):
+            with no_autocast():
+                first = args[0]
+                if first.is_floating_point() and first.dtype is not _F64 and on_device(first):
+                    if index is not None and len(args) > index:
+                        if args[index] is None:
+                            args = (*args[:index], _F32, *args[index + 1:])
+                    elif kwargs.get("dtype") is None:
+                        kwargs = {**kwargs, "dtype": _F32}
+                return call(*args, **kwargs)
+    elif policy == "fp32_append_dtype":
+        target = _overload(cast_lists.APPEND_DTYPE_TARGETS[name])
+        defaults = [a.default_value for a in op._schema.arguments]
+
+        def body(args, kwargs, use_cache):
+            first = args[0]
+            eligible = first.is_floating_point() and first.dtype is not _F64 and on_device(first)
+            with no_autocast():
+                return target(*args, *defaults[len(args):], dtype=_F32 if eligible else first.dtype)
+    elif policy == "promote":
+        chosen_by = [slot for slot in slots if not slot.optional]   # left to right, as torch's promote_type
+
+        def body(args, kwargs, use_cache):
+            low = to = get_dtype(device)
+            for slot in chosen_by:
+                value = kwargs.get(slot.name) if slot.keyword else args[slot.index] if slot.index < len(args) else None
+                for t in (value if slot.is_list else (value,)):
+                    to = _prioritize(to, t, low, on_device, name)
+            with no_autocast():
+                args, kwargs = cast_all(args, kwargs, to, use_cache and to is low)
+                return call(*args, **kwargs)
+    elif policy == "banned":
+        def body(args, kwargs, use_cache):
+            raise RuntimeError(BANNED_MESSAGE)
+    else:
+        raise ValueError(f"{name}: unknown policy {policy!r}")
+    return body
 
 
-def _cast_arg(value: Any, to: torch.dtype, device_type: str, low: torch.dtype) -> Any:
-    if isinstance(value, torch.Tensor):
-        return _cached_cast(value, to, device_type, low)
-    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
-        return type(value)(_cached_cast(v, to, device_type, low) if isinstance(v, torch.Tensor) else v
-                           for v in value)
-    return value
+def _kernel(device: str, name: str, policy: str) -> Callable:
+    """The function registered for `name` at the device's Autocast key."""
+    body = _body(device, name, policy)
+    op = _overload(name)
+    label = cast_lists.base_name(name)
+
+    def kernel(*args, **kwargs):
+        thread = _thread
+        if thread.depth:
+            if thread.recorders:
+                return _recorded(label, policy, body, args, kwargs)
+            return body(args, kwargs, True)
+        return _outside_ampteach(op, body, args, kwargs)
+
+    kernel.__name__ = kernel.__qualname__ = f"ampteach_autocast_{device}_{name.replace('.', '_')}"
+    return kernel
 
 
-def _cached_cast(t: torch.Tensor, to: torch.dtype, device_type: str, low: torch.dtype) -> torch.Tensor:
-    """t.to(to) if t is eligible; fp32 leaf parameters cast to `low` once per region (the cache).
+def _recorded(label: str, policy: str, body: Callable, args: tuple, kwargs: dict):
+    inputs = tuple(t.dtype for t in _tensors(args, kwargs))
+    out = body(args, kwargs, True)
+    record = CastRecord(label, policy, inputs, _first_dtype(out))
+    for records in _thread.recorders:
+        records.append(record)
+    return out
 
-    Cached: float32 leaves that require grad and are not views, cast to the region's lower dtype,
-    cache_enabled, outside inference mode. Keyed by the tensor alone (not by target dtype), as in
-    torch: an inner region with another dtype gets the outer region's cast back. The cast is made
-    with grad enabled, so a cast first made under no_grad still carries gradients later.
-    """
-    if t.dtype is to or not _eligible(t, device_type):
-        return t
-    if (to is low and t.dtype is torch.float32 and t.requires_grad and t.is_leaf and not t._is_view()
-            and _state.cache_enabled and not torch.is_inference_mode_enabled()):
-        hit = _state.cache.get(id(t))
-        if hit is not None:
-            return hit[1]
-        with torch.enable_grad():
-            cast = t.to(to)
-        _state.cache[id(t)] = (t, cast)   # holding t keeps its id from being reused while cached
-        return cast
-    return t.to(to)
+
+def _outside_ampteach(op: torch._ops.OpOverload, body: Callable, args: tuple, kwargs: dict):
+    """A kernel reached with no ampteach region open in this thread: from a torch.autocast region."""
+    with _lock:
+        others = _open
+        if not others:
+            uninstall()
+    if others:      # another thread's ampteach region runs on these kernels: serve, without the cache
+        return body(args, kwargs, False)
+    return op(*args, **kwargs)      # dispatched again from the top: torch's own kernel now
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(device: str) -> dict[str, Callable]:
+    """name -> kernel for every table entry torch registers at the device's key (built once)."""
+    key = DEVICE_KEYS[device]
+    kernels = {}
+    for policy, names in cast_lists.TABLES[device].items():
+        for name in names:
+            base = cast_lists.base_name(name)
+            if (device, base) in NOT_SERVED or not hasattr(torch.ops.aten, base):
+                continue
+            if torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", key):
+                kernels[name] = _kernel(device, name, policy)
+    return kernels
+
+
+def install() -> None:
+    """Register ampteach's kernels at AutocastCPU and AutocastCUDA (regions call this; idempotent)."""
+    global _library
+    with _lock:
+        if _library is not None:
+            return
+        kernels = {device: _kernels(device) for device in DEVICE_KEYS}   # looked up before registering
+        lib = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Warning only once for all operators")   # overriding is the point
+            for device, key in DEVICE_KEYS.items():
+                for name, kernel in kernels[device].items():
+                    lib.impl(name, kernel, key)
+        _library = lib
+
+
+def uninstall() -> None:
+    """Remove ampteach's kernels: torch's own serve the Autocast keys again."""
+    global _library
+    with _lock:
+        if _library is not None:
+            _library._destroy()
+            _library = None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -427,78 +443,109 @@ class autocast:
         @autocast("cpu", dtype=torch.float16)       # also a decorator, like torch.autocast
         def forward(x): ...
 
-    Signature and behaviour follow torch.autocast: dtype=None keeps the current dtype for the device
-    (bfloat16 on CPU, float16 on CUDA, or the enclosing region's); enabled=False turns it off inside
-    an enclosing region; cache_enabled=None keeps the current cache setting (on by default); nested
-    regions restore the outer state when they exit, and the weight-cast cache is emptied when the
-    outermost region exits. A dtype other than float16/bfloat16 warns and disables the region, as
-    torch does. Beyond torch: record=True collects a CastRecord per listed op call in `.records`.
+    Arguments and behaviour are torch.autocast's, checked the same way and in the same order: dtype=None
+    keeps the device's current dtype; enabled=False switches autocast off inside an enclosing region;
+    cache_enabled=None keeps the current cache setting; each region restores on exit the state it found
+    on entry (also when regions exit out of order); a CPU dtype other than float16/bfloat16 warns and
+    disables the region; "cuda" without a GPU warns and disables it. Devices: "cpu", "cuda" (and
+    "cpu:0"...); other devices have their own lists in torch. Beyond torch: record=True collects a
+    CastRecord per listed op call in `.records`; fake_cuda=True keeps a CUDA region on without a GPU,
+    for fake CUDA tensors (ampteach.reference.fake_cuda()).
     """
 
     def __init__(self, device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
-                 cache_enabled: bool | None = None, *, record: bool = False) -> None:
-        self.device = _check_device(device_type)
-        self.fast_dtype = _state.dtype[self.device] if dtype is None else dtype
-        self._cache_enabled = cache_enabled
+                 cache_enabled: bool | None = None, *, record: bool = False, fake_cuda: bool = False) -> None:
+        if not isinstance(device_type, str):
+            raise ValueError(f"Expected `device_type` of type `str`, got: `{type(device_type)}`")
+        self.fast_dtype = torch.get_autocast_dtype(device_type) if dtype is None else dtype
+        self.device = device_type
+        if not torch._C._is_autocast_available(device_type):
+            raise RuntimeError(f"User specified an unsupported autocast device_type '{device_type}'")
+        lists = torch.device(device_type).type
+        if lists not in DEVICE_KEYS:
+            raise ValueError(f"ampteach.autocast has cast lists for 'cpu' and 'cuda', got device_type={device_type!r}; "
+                             f"use torch.autocast({device_type!r}) for that device")
+        self._cache_enabled = torch.is_autocast_cache_enabled() if cache_enabled is None else cache_enabled
         self.record = record
         self.records: list[CastRecord] = []
-        if enabled and self.fast_dtype not in SUPPORTED_DTYPES:
-            warnings.warn(
-                f"ampteach.autocast({self.device!r}, dtype={self.fast_dtype}): autocast lowers precision to "
-                "torch.bfloat16 or torch.float16 only, so this region runs with autocast disabled. "
-                "Pass dtype=torch.bfloat16 or dtype=torch.float16.", stacklevel=2)
-            enabled = False
-        if (enabled and self.device == "cuda" and self.fast_dtype is torch.bfloat16
-                and torch.cuda.is_available() and not torch.cuda.is_bf16_supported()):
-            raise RuntimeError("Current CUDA Device does not support bfloat16. Please switch dtype to float16.")
-        self._enabled = bool(enabled)
-        self._saved: list[tuple] = []
+        if enabled:
+            if lists == "cuda":
+                if not fake_cuda and torch.cuda.amp.common.amp_definitely_not_available():
+                    warnings.warn("CUDA is not available or torch_xla is imported. Disabling autocast. (To run the "
+                                  "CUDA lists on fake CUDA tensors without a GPU, pass fake_cuda=True.)", stacklevel=2)
+                    enabled = False
+                elif (self.fast_dtype == torch.bfloat16 and torch.cuda.is_available()
+                      and not torch.cuda.is_bf16_supported()):
+                    raise RuntimeError("Current CUDA Device does not support bfloat16. Please switch dtype to float16.")
+            elif self.fast_dtype not in SUPPORTED_DTYPES:
+                warnings.warn("In CPU autocast, but the target dtype is not supported. Disabling autocast.\n"
+                              "CPU Autocast only supports dtypes of torch.bfloat16, torch.float16 currently. "
+                              "Pass dtype=torch.bfloat16 or dtype=torch.float16.", stacklevel=2)
+                enabled = False
+        self._enabled = enabled
 
     def __enter__(self) -> autocast:
-        state = _state
-        pushed = False
-        if self._enabled and state.mode is None:
-            state.mode = AutocastMode()
-            state.mode.__enter__()
-            pushed = True
-        self._saved.append((state.enabled[self.device], state.dtype[self.device], state.cache_enabled, pushed))
-        state.enabled[self.device] = self._enabled
-        state.dtype[self.device] = self.fast_dtype
-        if self._cache_enabled is not None:
-            state.cache_enabled = self._cache_enabled
-        state.nesting += 1
+        global _open
+        device = self.device
+        before = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device), torch.is_autocast_cache_enabled())
+        try:   # torch's own setters, so a wrong argument type raises torch's TypeError
+            torch.set_autocast_enabled(device, self._enabled)
+            torch.set_autocast_dtype(device, self.fast_dtype)
+            torch.set_autocast_cache_enabled(self._cache_enabled)
+        except TypeError:
+            _restore(device, before)
+            raise
+        torch.autocast_increment_nesting()
+        with _lock:
+            _open += 1
+            if _library is None:
+                install()
+        thread = _thread
+        thread.depth += 1
+        thread.saved.append((self, before))
         if self.record:
             self.records = []
-            state.recorders.append(self.records)
+            thread.recorders.append(self.records)
         return self
 
     def __exit__(self, exc_type, exc_value, traceback) -> bool:
-        state = _state
-        enabled, dtype, cache_enabled, pushed = self._saved.pop()
-        state.nesting -= 1
-        if state.nesting == 0:
-            state.cache.clear()
-        state.enabled[self.device] = enabled
-        state.dtype[self.device] = dtype
-        state.cache_enabled = cache_enabled
+        global _open
+        thread = _thread
+        i = max(i for i, (region, _) in enumerate(thread.saved) if region is self)   # the innermost entry of self
+        _, before = thread.saved.pop(i)
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+        _restore(self.device, before)
+        thread.depth -= 1
+        with _lock:
+            _open -= 1
+        if thread.depth == 0:
+            clear_autocast_cache()
         if self.record:   # by identity: two regions' record lists may be equal (both empty)
-            state.recorders[:] = [r for r in state.recorders if r is not self.records]
-        if pushed:
-            state.mode.__exit__(exc_type, exc_value, traceback)
-            state.mode = None
+            thread.recorders[:] = [r for r in thread.recorders if r is not self.records]
         return False
 
     def __call__(self, func: Callable) -> Callable:
         if not callable(func):
             raise TypeError(f"autocast()(func) requires a callable, but got {type(func).__name__}. "
-                            "Did you mean `with ampteach.autocast(device_type=...):`?")
+                            "Did you mean to use autocast as a context manager? For example:\n"
+                            "    with ampteach.autocast(device_type=...):\n"
+                            "        output = model(input)")
 
         @functools.wraps(func)
         def decorate_autocast(*args, **kwargs):
             with self:
                 return func(*args, **kwargs)
 
+        decorate_autocast.__script_unsupported = "@autocast() decorator is not supported in script mode"
         return decorate_autocast
+
+
+def _restore(device: str, state: tuple) -> None:
+    enabled, dtype, cache_enabled = state
+    torch.set_autocast_enabled(device, enabled)
+    torch.set_autocast_dtype(device, dtype)
+    torch.set_autocast_cache_enabled(cache_enabled)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -507,7 +554,8 @@ class autocast:
 def _cast_inputs(value: Any, device_type: str, dtype: torch.dtype) -> Any:
     """custom_fwd(cast_inputs=...): floating, on-device, non-fp64 tensors in nested containers -> dtype."""
     if isinstance(value, torch.Tensor):
-        return value.to(dtype) if _eligible(value, device_type) else value
+        eligible = value.is_floating_point() and value.device.type == device_type and value.dtype is not _F64
+        return value.to(dtype) if eligible else value
     if isinstance(value, (str, bytes)):
         return value
     if isinstance(value, dict):
@@ -525,23 +573,25 @@ def custom_fwd(fwd: Callable | None = None, *, device_type: str, cast_inputs: to
             @custom_fwd(device_type="cpu", cast_inputs=torch.float32)   # runs in fp32 inside regions
             def forward(ctx, x): ...
 
-    cast_inputs=None: forward runs under the current ampteach.autocast state. cast_inputs=dtype: in an
-    enabled region, forward runs with autocast off and its floating inputs cast to dtype; outside a
-    region it is a no-op. Pair with custom_bwd so backward runs under the state forward used.
+    cast_inputs=None: forward runs under the current autocast state. cast_inputs=dtype: in an enabled
+    region, forward runs with autocast off and its floating inputs cast to dtype; outside a region it
+    is a no-op. Pair with custom_bwd so backward runs under the state forward used. (torch.amp's own
+    decorators work inside ampteach regions too: the state they read is the same.)
     """
-    _check_device(device_type)
+    if not isinstance(device_type, str):
+        raise ValueError(f"Expected `device_type` of type `str`, got: `{type(device_type)}`")
     if fwd is None:
         return functools.partial(custom_fwd, device_type=device_type, cast_inputs=cast_inputs)
 
     @functools.wraps(fwd)
     def decorate_fwd(*args, **kwargs):
         ctx = args[0]
-        ctx._dtype = get_autocast_dtype(device_type)
+        ctx._dtype = torch.get_autocast_dtype(device_type)
         if cast_inputs is None:
-            ctx._fwd_used_autocast = is_autocast_enabled(device_type)
+            ctx._fwd_used_autocast = torch.is_autocast_enabled(device_type)
             return fwd(*args, **kwargs)
         ctx._fwd_used_autocast = False
-        if not is_autocast_enabled(device_type):
+        if not torch.is_autocast_enabled(device_type):
             return fwd(*args, **kwargs)
         with autocast(device_type, enabled=False):
             return fwd(*_cast_inputs(args, device_type, cast_inputs), **_cast_inputs(kwargs, device_type, cast_inputs))
@@ -551,7 +601,8 @@ def custom_fwd(fwd: Callable | None = None, *, device_type: str, cast_inputs: to
 
 def custom_bwd(bwd: Callable | None = None, *, device_type: str):
     """Decorator for a custom autograd Function's backward: runs it under forward's autocast state."""
-    _check_device(device_type)
+    if not isinstance(device_type, str):
+        raise ValueError(f"Expected `device_type` of type `str`, got: `{type(device_type)}`")
     if bwd is None:
         return functools.partial(custom_bwd, device_type=device_type)
 

@@ -3,37 +3,34 @@
     policy_of("mm", "cuda")                  # 'lower_precision_fp'
     policy_of("softmax", "cuda")             # 'fp32_set_opt_dtype': softmax(x) -> softmax(x, dtype=float32)
     policy_of("softmax", "cpu")              # None: not autocast on CPU, runs in its input's dtype
-    policy_of("cross_entropy_loss", "cuda")  # 'fp32', inherited: it decomposes into log_softmax + nll_loss
     ops_with_policy("promote", "cpu")        # ('cat', 'index_copy', 'stack')
-    op_of(torch.Tensor.__matmul__)           # 'matmul': which aten op a Python callable dispatches to
+    registered("cpu")                        # every 'op.overload' torch registers at AutocastCPU
 
 The policies, per eligible input x (floating point, on the region's device, not float64):
 
     lower_precision_fp   x -> x.to(autocast dtype)         matmuls, convolutions, attention
     fp32                 x -> x.float()                    exp, log, pow, norms, losses (range, accuracy)
-    fp32_set_opt_dtype   op(x) -> op(x, dtype=float32)     softmax, sum, cumsum, prod (accumulate in fp32)
+    fp32_set_opt_dtype   op(x) -> op(x, dtype=float32)     softmax, sum, cumsum, prod (an fp32 result)
     fp32_append_dtype    norm(x) -> norm(x, dtype=float32) (norm's overloads without a dtype)
-    promote              all inputs -> the widest of them  two-input ops that must agree on one dtype
+    promote              all inputs -> the widest of them  several inputs that must agree on one dtype
     banned               raise                             binary_cross_entropy on CUDA
 
 Tables hold the ops exactly as torch 2.13 registers them with the dispatcher (`op.overload`;
 tests/test_cast_lists.py compares them with `torch._C._dispatch_get_registrations_for_dispatch_key`),
 and every policy was observed by running the op under torch.autocast (CUDA with fake CUDA tensors).
-An op that is in no table runs in the dtypes it is given, with PyTorch's usual type promotion.
+An op that is in no table has no kernel at the Autocast key: the dispatcher falls through to the
+next key and the op runs in the dtypes it is given. A composite op (one implemented by calling
+other ops, such as CUDA's cross_entropy_loss -> log_softmax + nll_loss) is therefore cast op by op
+inside: each op it calls passes the Autocast key again. ampteach.autocast registers one kernel per
+table entry and nothing else.
 
-Composite ops (COMPOSITES) are not in the tables but are implemented in C++ by calling ops that are,
-so they inherit a policy: on CUDA, cross_entropy_loss calls log_softmax (fp32_set_opt_dtype) and
-nll_loss (fp32), so its result is float32. Python-level functions (F.cross_entropy, torch.norm,
-F.multi_head_attention_forward) need no entry: they run their body inside the region, so each op
-they call is cast on its own, as torch's dispatcher sees them.
-
-Other torch versions (the GPU machines run 2.11): see VERSION_DIFFERENCES and table(..., version=).
+The tables describe torch 2.13; `table(device, version=...)` applies VERSION_DIFFERENCES for an older torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Iterable
 
 import torch
 
@@ -144,140 +141,6 @@ TABLES = {"cuda": CUDA, "cpu": CPU}
 
 
 @dataclass(frozen=True)
-class Composite:
-    """An op outside the tables that inherits a policy from the listed ops its C++ body calls."""
-
-    policy: str
-    via: tuple[str, ...]                        # the listed ops it decomposes into
-    applies: Callable[..., bool] | None = None  # (args, kwargs) -> bool, when it depends on the call
-    note: str = ""
-
-
-def _arg(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) -> Any:
-    return args[index] if len(args) > index else kwargs.get(name, default)
-
-
-def _einsum_contracts(args: tuple, kwargs: dict) -> bool:
-    """einsum on CPU calls bmm only when an index shared by two operands is summed away."""
-    equation, operands = args[0], args[1:]
-    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
-        operands = operands[0]
-    if not isinstance(equation, str) or len(operands) < 2:
-        return len(operands) >= 2
-    equation = equation.replace(" ", "").replace("...", "")
-    inputs, _, output = equation.partition("->")
-    terms = inputs.split(",")
-    letters = "".join(terms)
-    if "->" not in equation:                      # implicit output: the indices used once
-        output = "".join(c for c in sorted(set(letters)) if letters.count(c) == 1)
-    shared = {c for c in set(letters) if sum(c in term for term in terms) >= 2}
-    return any(c not in output for c in shared)
-
-
-def _tensordot_is_not_a_dot(args: tuple, kwargs: dict) -> bool:
-    """tensordot on CPU calls mm, except when every dim of both operands is contracted (then dot)."""
-    a, b = _arg(args, kwargs, 0, "a"), _arg(args, kwargs, 1, "b")
-    dims_a, dims_b = _arg(args, kwargs, 2, "dims_self"), _arg(args, kwargs, 3, "dims_other")
-    return not (len(dims_a) == a.dim() and len(dims_b) == b.dim())
-
-
-def _inner_is_not_a_dot(args: tuple, kwargs: dict) -> bool:
-    """inner on CPU: a scalar times a tensor or two vectors (dot) are not cast; the rest calls mm."""
-    a, b = _arg(args, kwargs, 0, "input"), _arg(args, kwargs, 1, "other")
-    return a.dim() > 0 and b.dim() > 0 and not (a.dim() == 1 and b.dim() == 1)
-
-
-def _two_or_more_matrices(args: tuple, kwargs: dict) -> bool:
-    matrices = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args
-    return len(matrices) >= 2
-
-
-def _power_of_two_or_more(args: tuple, kwargs: dict) -> bool:
-    """matrix_power(A, n) multiplies matrices only for |n| >= 2 (n = 0, 1, -1: eye, clone, inverse)."""
-    return abs(_arg(args, kwargs, 1, "n")) >= 2
-
-
-def _pads_in_fp32_on_cpu(args: tuple, kwargs: dict) -> bool:
-    """F.pad on CPU: reflect (1-D/2-D) and replicate padding run reflection_/replication_padNd."""
-    mode = _arg(args, kwargs, 2, "mode", "constant")
-    return mode == "replicate" or (mode == "reflect" and len(_arg(args, kwargs, 1, "pad", ())) <= 4)
-
-
-def _aliases(pairs: dict[str, tuple[str, str]]) -> dict[str, Composite]:
-    return {alias: Composite(policy, (op,), note="alias") for alias, (policy, op) in pairs.items()}
-
-
-_MATRIX_POWER = Composite("lower_precision_fp", ("matmul",), _power_of_two_or_more, "only for |n| >= 2")
-
-# op -> Composite, per device. Found by running op bindings under torch.autocast and without it and
-# looking for output dtypes that autocast changes although the op is not listed; tests/test_cast_lists.py
-# checks each entry (and each `applies` rule, both ways) against torch.autocast. The C++ bodies are in
-# aten/src/ATen/native/. `applies` says when the call actually reaches the listed op.
-COMPOSITES: dict[str, dict[str, Composite]] = {
-    "cuda": {
-        "cross_entropy_loss": Composite("fp32", ("log_softmax.int", "nll_loss", "nll_loss2d")),
-        "nll_loss_nd": Composite("fp32", ("nll_loss", "nll_loss2d")),
-        "linalg_norm": Composite("fp32_set_opt_dtype", ("linalg_vector_norm", "linalg_matrix_norm")),
-        "pairwise_distance": Composite("fp32", ("norm.ScalarOpt_dim",)),
-        "norm_except_dim": Composite("fp32", ("norm.ScalarOpt_dim",)),
-        "square": Composite("fp32", ("pow.Tensor_Scalar",)),
-        "sum_to_size": Composite("fp32", ("sum.dim_IntList",)),
-        "trapezoid": Composite("fp32", ("sum.dim_IntList",)),
-        "trapz": Composite("fp32", ("sum.dim_IntList",)),
-        "cumulative_trapezoid": Composite("fp32", ("cumsum",)),
-        "matrix_power": _MATRIX_POWER,
-        "linalg_matrix_power": _MATRIX_POWER,
-        "inner": Composite("promote", ("tensordot", "dot"), note="vectors call dot, matrices tensordot"),
-        "affine_grid_generator": Composite("lower_precision_fp", ("bmm",), note="as on CPU; not observable with "
-                                           "fake tensors, whose dispatch mode hides the explicit kernel's inner bmm"),
-        **{rnn: Composite("lower_precision_fp", ("_cudnn_rnn", "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell"),
-                          note="nn.LSTM/GRU/RNN: cuDNN on a GPU, fused cells otherwise")
-           for rnn in ("lstm", "gru", "rnn_tanh", "rnn_relu")},
-        **_aliases({
-            "arccos": ("fp32", "acos"), "arcsin": ("fp32", "asin"), "arctan2": ("promote", "atan2"),
-            "special_expm1": ("fp32", "expm1"), "special_log1p": ("fp32", "log1p"),
-            "special_erfinv": ("fp32", "erfinv"), "special_logsumexp": ("fp32", "logsumexp"),
-            "special_softmax": ("fp32_set_opt_dtype", "softmax.int"),
-            "special_log_softmax": ("fp32_set_opt_dtype", "log_softmax.int"),
-            "linalg_matmul": ("lower_precision_fp", "matmul"),
-        }),
-    },
-    "cpu": {
-        "nll_loss_nd": Composite("fp32", ("nll_loss", "nll_loss2d")),
-        "einsum": Composite("lower_precision_fp", ("bmm",), _einsum_contracts,
-                            "only when an index shared by two operands is summed; otherwise mul/permute"),
-        "tensordot": Composite("lower_precision_fp", ("mm",), _tensordot_is_not_a_dot,
-                               "not when every dim is contracted (then it is a dot)"),
-        "inner": Composite("lower_precision_fp", ("mm",), _inner_is_not_a_dot, "not for vectors or scalars"),
-        "chain_matmul": Composite("lower_precision_fp", ("mm",), _two_or_more_matrices),
-        "linalg_multi_dot": Composite("lower_precision_fp", ("mm",)),
-        "cov": Composite("lower_precision_fp", ("mm",)),
-        "corrcoef": Composite("lower_precision_fp", ("mm",)),
-        "matrix_power": _MATRIX_POWER,
-        "linalg_matrix_power": _MATRIX_POWER,
-        "affine_grid_generator": Composite("lower_precision_fp", ("bmm",)),
-        "pad": Composite("fp32", ("reflection_pad1d", "reflection_pad2d", "replication_pad1d",
-                                  "replication_pad2d", "replication_pad3d"), _pads_in_fp32_on_cpu,
-                         "constant and circular padding, and 3-D reflect padding, are not cast"),
-        "lstm": Composite("lower_precision_fp", ("mkldnn_rnn_layer",), note="nn.LSTM through oneDNN"),
-        "rnn_tanh_cell": Composite("lower_precision_fp", ("linear",)),
-        "rnn_relu_cell": Composite("lower_precision_fp", ("linear",)),
-        **_aliases({"linalg_matmul": ("lower_precision_fp", "matmul")}),
-    },
-}
-
-
-# Composites that cast only part of their work: on CPU the LSTM and GRU cells call linear (listed)
-# for their gates and then mix the gates with the fp32 state, so torch.autocast casts inside them
-# while their outputs stay fp32. No policy for the whole op says that, so ampteach.autocast runs a
-# Python transcription of their ATen body (aten/src/ATen/native/RNN.cpp, LSTMCell and GRUCell, CPU
-# path) and casts the linears it calls. op -> the listed ops inside.
-TRANSCRIBED: dict[tuple[str, str], tuple[str, ...]] = {
-    ("cpu", "lstm_cell"): ("linear",), ("cpu", "gru_cell"): ("linear",),
-}
-
-
-@dataclass(frozen=True)
 class VersionDifference:
     """An op whose policy is different in another torch version than in TORCH_VERSION."""
 
@@ -288,7 +151,7 @@ class VersionDifference:
     source: str
 
 
-# What changed between the GPU machines' torch 2.11 and this table's 2.13. Named-tensor overloads
+# What changed between torch 2.11 and this table's 2.13. Named-tensor overloads
 # (softmax.Dimname, sum.dim_DimnameList, prod.dim_Dimname, cumsum.dimname, cumprod.dimname,
 # log_softmax.Dimname, norm.names_ScalarOpt_dim, CPU index_copy.dimname) are still registered in 2.11
 # with the same policies as their ops; 2.13 no longer has those overloads at all.
@@ -356,15 +219,10 @@ def policies(device_type: str, version: str | None = None) -> dict[str, str]:
 def policy_of(op: str, device_type: str, version: str | None = None) -> str | None:
     """The autocast policy of aten op `op` ('mm', 'softmax.int', 'aten::exp') on device_type, or None.
 
-    Listed ops answer from the tables; composite ops answer with the policy they inherit (for
-    einsum and pad on CPU, the policy of their usual call; see COMPOSITES for when it applies).
+    None means no kernel at the Autocast key: the op runs in its inputs' dtypes (a composite op's
+    inner ops are still cast one by one when they are listed).
     """
-    name = base_name(op)
-    listed = policies(device_type, version).get(name)
-    if listed is not None:
-        return listed
-    composite = COMPOSITES[device_type].get(name)
-    return composite.policy if composite is not None else None
+    return policies(device_type, version).get(base_name(op))
 
 
 def ops_with_policy(policy: str, device_type: str, version: str | None = None) -> tuple[str, ...]:
@@ -381,118 +239,17 @@ def differences(version: str | None = None) -> dict[str, tuple[str | None, str |
     return {op: pair for op, pair in sorted(both.items()) if pair[0] != pair[1]}
 
 
-# ---------------------------------------------------------------------------------------------------
-# Python callables -> aten ops
-#
-# autocast sees Python calls, not aten ops. A C++ binding named like an aten op dispatches to it:
-# torch.mm, Tensor.mm -> aten::mm; F.linear is torch._C._nn.linear -> aten::linear;
-# torch.linalg.vector_norm is torch._C._linalg.linalg_vector_norm; torch.fft.fft is
-# torch._C._fft.fft_fft. BINDINGS lists where those bindings live; op_of() looks a callable up.
-# ENTRY_POINTS spells out the mapping for what learners call, including Python-level functions
-# (F.cross_entropy runs Python that calls torch._C._nn.cross_entropy_loss); tests/test_cast_lists.py
-# checks with the profiler that each one really reaches its op.
-
-BINDINGS: tuple[tuple[str, Any], ...] = (
-    ("torch", torch._C._VariableFunctions),
-    ("torch.Tensor", torch._C.TensorBase),
-    ("torch._C._nn", torch._C._nn),
-    ("torch._C._linalg", torch._C._linalg),
-    ("torch._C._fft", torch._C._fft),
-    ("torch._C._special", torch._C._special),
-)
-
-ENTRY_POINTS: dict[str, str] = {
-    # matmuls: `a @ b` reaches __torch_function__ as Tensor.matmul
-    "torch.mm": "mm", "torch.Tensor.mm": "mm", "torch.matmul": "matmul", "torch.Tensor.matmul": "matmul",
-    "torch.Tensor.__matmul__": "matmul", "torch.bmm": "bmm", "torch.baddbmm": "baddbmm",
-    "torch.addmm": "addmm", "torch.nn.functional.linear": "linear", "torch.einsum": "einsum",
-    "torch.linalg.vecdot": "linalg_vecdot", "torch.tensordot": "tensordot",
-    # convolutions and attention
-    "torch.nn.functional.conv1d": "conv1d", "torch.nn.functional.conv2d": "conv2d",
-    "torch.nn.functional.conv3d": "conv3d", "torch.nn.functional.conv_transpose2d": "conv_transpose2d",
-    "torch.nn.functional.prelu": "prelu",
-    "torch.nn.functional.scaled_dot_product_attention": "scaled_dot_product_attention",
-    # pointwise
-    "torch.exp": "exp", "torch.Tensor.exp": "exp", "torch.log": "log", "torch.Tensor.log": "log",
-    "torch.pow": "pow", "torch.Tensor.__pow__": "pow", "torch.Tensor.__rpow__": "pow",
-    "torch.rsqrt": "rsqrt", "torch.nn.functional.softplus": "softplus", "torch.atan2": "atan2",
-    "torch.addcmul": "addcmul",
-    # softmaxes, norms, reductions
-    "torch.softmax": "softmax", "torch.Tensor.softmax": "softmax", "torch.nn.functional.softmax": "softmax",
-    "torch.nn.functional.log_softmax": "log_softmax", "torch.sum": "sum", "torch.Tensor.sum": "sum",
-    "torch.cumsum": "cumsum", "torch.prod": "prod", "torch.logsumexp": "logsumexp",
-    "torch.nn.functional.layer_norm": "layer_norm", "torch.nn.functional.group_norm": "group_norm",
-    "torch.nn.functional.rms_norm": "rms_norm", "torch.norm": "linalg_vector_norm",
-    "torch.Tensor.norm": "linalg_vector_norm", "torch.linalg.vector_norm": "linalg_vector_norm",
-    # losses
-    "torch.nn.functional.cross_entropy": "cross_entropy_loss", "torch.nn.functional.nll_loss": "nll_loss_nd",
-    "torch.nn.functional.mse_loss": "mse_loss", "torch.nn.functional.l1_loss": "l1_loss",
-    "torch.nn.functional.binary_cross_entropy": "binary_cross_entropy",
-    "torch.nn.functional.binary_cross_entropy_with_logits": "binary_cross_entropy_with_logits",
-    "torch.nn.functional.kl_div": "kl_div",
-    # promote, padding, pooling
-    "torch.cat": "cat", "torch.stack": "stack", "torch.index_copy": "index_copy",
-    "torch.nn.functional.pad": "pad", "torch.nn.functional.avg_pool3d": "avg_pool3d",
-    "torch.nn.functional.max_pool3d": "max_pool3d",
-}
-
-
-def resolve(dotted: str) -> Callable:
-    """'torch.nn.functional.linear' -> the object."""
-    parts = dotted.split(".")
-    obj: Any = __import__(parts[0])
-    for part in parts[1:]:
-        obj = getattr(obj, part)
-    return obj
-
-
-def _builtin_names() -> set[str]:
-    names = {base_name(op) for device in TABLES for ops in TABLES[device].values() for op in ops}
-    names |= {op for device in COMPOSITES for op in COMPOSITES[device]}
-    return names
-
-
-def bindings_of(op: str) -> list[tuple[str, Callable]]:
-    """The C++ bindings that dispatch to aten op `op`: [('torch.mm', torch.mm), ('torch.Tensor.mm', ...)]."""
-    name = base_name(op)
-    return [(f"{where}.{name}", getattr(namespace, name)) for where, namespace in BINDINGS if hasattr(namespace, name)]
-
-
-def _build_builtin_ops() -> dict[Any, str]:
-    ops: dict[Any, str] = {}
-    for name in sorted(_builtin_names()):
-        for _, binding in bindings_of(name):
-            ops[binding] = name
-    return ops
-
-
-BUILTIN_OPS: dict[Any, str] = _build_builtin_ops()   # C++ binding -> aten op (what autocast looks up)
-
-
-def op_of(func: Callable) -> str | None:
-    """The aten op a callable dispatches to, for listed and composite ops; None for anything else."""
-    op = BUILTIN_OPS.get(func)
-    if op is not None:
-        return op
-    for dotted, name in ENTRY_POINTS.items():
-        if resolve(dotted) is func:
-            return name
-    return None
-
-
 def describe(op: str, device_type: str) -> str:
     """One line on what autocast does with `op` on device_type, for tables and error messages."""
     name = base_name(op)
     listed = policies(device_type).get(name)
     if listed is not None:
         return f"{name}: {listed}"
-    composite = COMPOSITES[_check_device(device_type)].get(name)
-    if composite is not None:
-        via = " + ".join(base_name(v) for v in composite.via)
-        return f"{name}: {composite.policy} (composite, via {via})"
-    if (device_type, name) in TRANSCRIBED:
-        return f"{name}: not autocast itself, but the {', '.join(TRANSCRIBED[device_type, name])} calls inside it are"
-    return f"{name}: not autocast (runs in its inputs' dtype)"
+    return f"{name}: no autocast kernel (runs in its inputs' dtype; ops it calls inside are cast if listed)"
+
+
+# fp32_append_dtype: torch's kernel for an overload without a dtype argument calls the overload with one.
+APPEND_DTYPE_TARGETS = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
 
 
 def all_ops(devices: Iterable[str] = DEVICE_TYPES) -> tuple[str, ...]:

@@ -3,20 +3,24 @@
     rows = op_agreement("cuda", torch.float16)        # every op case, torch.autocast vs ampteach.autocast
     all(row.agree for row in rows)                    # CUDA on a CPU-only machine: fake CUDA tensors
 
+    with dispatch_trace() as trace:                   # every aten call below autocast: op, dtypes in, dtype out
+        model(x)
+
     report = compare_training(mlp(), batches, precision="fp16", steps=5)   # CUDA when present, else CPU
     report.ops_agree, report.max_output_diff, report.max_grad_diff, report.scales_torch, report.scales_ampteach
 
-torch.autocast works in C++ at the dispatcher; ampteach.autocast works in Python above autograd. The
-reference path runs both on the same inputs and compares what comes out: per op, the output dtype
-(or the error); per training step, the op-by-op cast records, the outputs, the gradients and the
-loss scale. Where torch is deterministic (a CPU) outputs and gradients must be identical, bit for
-bit: max |difference| = 0.
+Both autocasts work at the dispatcher's Autocast keys: torch's kernels are C++, ampteach's Python.
+The reference path runs both on the same inputs and compares what comes out: per op, the output
+dtype (or the error); per training step, the calls that reach the kernels below autocast (each
+cast and each op, with dtypes, in order), the outputs, the gradients and the loss scale. Where torch
+is deterministic (a CPU) outputs and gradients must be identical, bit for bit: max |difference| = 0.
 
 CUDA without a GPU: torch.autocast("cuda") switches itself off when CUDA is unavailable, so
-`torch_autocast` sets torch's autocast flags directly instead, and the op cases build fake CUDA
-tensors (torch._subclasses.fake_tensor.FakeTensorMode): dtypes and errors are real, numbers are not.
-Autograd must not touch fake CUDA tensors (it aborts the process on a CPU-only build), so the fake
-cases run under no_grad with inputs that do not require grad.
+`torch_autocast` sets torch's autocast flags directly instead, ampteach's regions are opened with
+fake_cuda=True, and the op cases build fake CUDA tensors (torch._subclasses.fake_tensor.FakeTensorMode):
+dtypes and errors are real, numbers are not. Autograd must not touch fake CUDA tensors (it aborts
+the process on a CPU-only build), so the fake cases run under no_grad with inputs that do not
+require grad.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .autocast import CastRecord, OpWatcher, autocast
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .autocast import CastRecord, autocast
 
 LOWER = {"cpu": torch.bfloat16, "cuda": torch.float16}
 
@@ -292,43 +298,68 @@ def op_agreement(device_type: str, dtype: torch.dtype | None = None, cases: Iter
     """
     dtype = dtype or LOWER[device_type]
     input_dtypes = tuple(input_dtypes or (torch.float32, dtype))
-    rows = []
+    cases = tuple(cases)
+    fake = (device_type == "cuda" and not has_cuda()) if fake is None else fake
+    results = {}
     with device_context(device_type, fake):
-        for case in cases:
-            for input_dtype in input_dtypes:
-                ours = run_case(case, device_type, input_dtype, autocast(device_type, dtype=dtype))
-                theirs = run_case(case, device_type, input_dtype, torch_autocast(device_type, dtype))
-                rows.append(Agreement(case.family, case.label, device_type, dtype, input_dtype, theirs, ours))
-    return rows
+        # all of one implementation, then all of the other: each switch between them re-registers kernels
+        for name, region in (("ampteach", lambda: autocast(device_type, dtype=dtype, fake_cuda=fake)),
+                             ("torch", lambda: torch_autocast(device_type, dtype))):
+            results[name] = [run_case(case, device_type, input_dtype, region())
+                             for case in cases for input_dtype in input_dtypes]
+    pairs = [(case, input_dtype) for case in cases for input_dtype in input_dtypes]
+    return [Agreement(case.family, case.label, device_type, dtype, input_dtype, theirs, ours)
+            for (case, input_dtype), theirs, ours in zip(pairs, results["torch"], results["ampteach"])]
 
 
 # ---------------------------------------------------------------------------------------------------
 # Training steps through both stacks
 
-class TorchAutocastRecorder(OpWatcher):
-    """Records every listed op call as torch.autocast runs it: dtypes in (before casts) and out.
+@dataclass(frozen=True)
+class TraceEntry:
+    """One aten call below the Autocast keys: the op, its tensor inputs' dtypes, its first output's dtype."""
 
-    It walks calls the way ampteach.autocast does, so its records line up with a recording
-    ampteach region one to one; torch's dispatcher does the casting underneath.
+    op: str
+    inputs: tuple[torch.dtype, ...]
+    output: torch.dtype | None
+
+    def __str__(self) -> str:
+        ins = ", ".join(str(d).removeprefix("torch.") for d in self.inputs)
+        return f"{self.op}({ins}) -> {str(self.output).removeprefix('torch.')}"
+
+
+class DispatchTrace(TorchDispatchMode):
+    """Logs every aten call that reaches the dispatcher below autocast and autograd (casts included).
+
+    Under either autocast the same model must give the same trace: the same casts (aten._to_copy)
+    in the same order, and the same ops on the same dtypes. A dispatch mode runs below the Autocast
+    keys, so it sees what autocast produced, not what the user called.
     """
 
-    def __init__(self, device_type: str) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.device_type = device_type
-        self.records: list[CastRecord] = []
+        self.entries: list[TraceEntry] = []
 
-    def device_enabled(self, device_type: str) -> bool:
-        return device_type == self.device_type and torch.is_autocast_enabled(device_type)
-
-    def handle(self, op, policy, device_type, func, args, kwargs):
-        inputs = tuple(t.dtype for t in _tensor_args(args, kwargs))
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        first = out if isinstance(out, torch.Tensor) else next((o for o in out if isinstance(o, torch.Tensor)), None)
-        self.records.append(CastRecord(op, policy, inputs, None if first is None else first.dtype))
+        inputs = tuple(t.dtype for t in _tensor_args(args, kwargs))
+        first = out if isinstance(out, torch.Tensor) else next(
+            (o for o in out if isinstance(o, torch.Tensor)), None) if isinstance(out, (list, tuple)) else None
+        name = func._schema.name.removeprefix("aten::") + ("" if func._overloadname == "default" else f".{func._overloadname}")
+        self.entries.append(TraceEntry(name, inputs, None if first is None else first.dtype))
         return out
 
 
-def _tensor_args(args: tuple, kwargs: dict):
+@contextlib.contextmanager
+def dispatch_trace() -> Iterator[list[TraceEntry]]:
+    """`with dispatch_trace() as trace:` -> trace lists the aten calls below autocast, in order."""
+    mode = DispatchTrace()
+    with mode:
+        yield mode.entries
+
+
+def _tensor_args(args, kwargs):
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor):
             yield value
@@ -353,8 +384,9 @@ class ReferenceReport:
 
     device_type: str
     precision: str
-    records_torch: list[CastRecord] = field(default_factory=list)      # the first step's ops
-    records_ampteach: list[CastRecord] = field(default_factory=list)
+    trace_torch: list[TraceEntry] = field(default_factory=list)       # the first step's calls below autocast
+    trace_ampteach: list[TraceEntry] = field(default_factory=list)
+    records_ampteach: list[CastRecord] = field(default_factory=list)  # the first step's listed ops (record=True)
     steps: list[StepRecord] = field(default_factory=list)
 
     @property
@@ -401,8 +433,8 @@ def compare_training(model: nn.Module, batches: Iterable[tuple[torch.Tensor, tor
                      init_scale: float = 2.0**16, growth_interval: int = 2000) -> ReferenceReport:
     """Train two copies of `model` for `steps` batches: torch.autocast + torch.amp.GradScaler vs ampteach's.
 
-    Each step: forward + cross-entropy under the autocast (recording ops), scale(loss).backward(),
-    step, update. Per step the report holds both losses, whether the op records agree, the largest
+    Each step: forward + cross-entropy under the autocast (traced below autocast), scale(loss).backward(),
+    step, update. Per step the report holds both losses, whether the two traces agree, the largest
     |difference| of the logits and of the gradients (unscaled, before the optimizer step), and both
     loss scales. The loss scaler runs for fp16 only, as in the course's training loop.
     """
@@ -422,11 +454,10 @@ def compare_training(model: nn.Module, batches: Iterable[tuple[torch.Tensor, tor
         if i == steps:
             break
         x, y = x.to(device_type), y.to(device_type)
-        recorder = TorchAutocastRecorder(device_type)
-        with torch.autocast(device_type, dtype=dtype), recorder:
+        with torch.autocast(device_type, dtype=dtype), dispatch_trace() as trace_t:
             logits_t = models[0](x)
             loss_t = F.cross_entropy(logits_t, y)
-        with autocast(device_type, dtype=dtype, record=True) as region:
+        with autocast(device_type, dtype=dtype, record=True) as region, dispatch_trace() as trace_a:
             logits_a = models[1](x)
             loss_a = F.cross_entropy(logits_a, y)
         grads = []
@@ -440,9 +471,9 @@ def compare_training(model: nn.Module, batches: Iterable[tuple[torch.Tensor, tor
             scaler.step(opt)
             scaler.update()
         if i == 0:
-            report.records_torch, report.records_ampteach = recorder.records, region.records
+            report.trace_torch, report.trace_ampteach, report.records_ampteach = trace_t, trace_a, region.records
         report.steps.append(StepRecord(
-            loss_t.item(), loss_a.item(), recorder.records == region.records,
+            loss_t.item(), loss_a.item(), trace_t == trace_a,
             _max_diff([logits_t], [logits_a]), _max_diff(grads[0], grads[1]), scales[0], scales[1]))
     return report
 
