@@ -13,6 +13,7 @@ same way. `course_style()` is the style as a context manager, for a lesson's own
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 from typing import Iterable, Mapping
@@ -42,9 +43,20 @@ FIELD_COLORS = {"sign": "#e45756", "exponent": "#4c78a8", "mantissa": "#54a24b"}
 ZONE_COLORS = {"flushed": "0.85", "subnormal": "#f6e3a1", "normal": "#d9ecd0", "overflow": "#f4c7c3"}
 
 
+@contextlib.contextmanager
 def course_style():
-    """with course_style(): ... : matplotlib's rcParams set to the course's figure style for the block."""
-    return matplotlib.rc_context(STYLE)
+    """with course_style(): ... : matplotlib's rcParams set to the course's figure style for the block.
+
+    Only the STYLE keys are saved and restored. (matplotlib.rc_context restores every rcParam, which
+    undoes the `interactive` flag a Jupyter inline backend sets while the block draws its first figure,
+    and later figures then stop showing.)
+    """
+    saved = {key: matplotlib.rcParams[key] for key in STYLE}
+    matplotlib.rcParams.update(STYLE)
+    try:
+        yield
+    finally:
+        matplotlib.rcParams.update(saved)
 
 
 def figure_png(fig: Figure, dpi: int = 80) -> bytes:

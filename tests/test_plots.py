@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ampteach.formats import FORMATS, ulp  # noqa: E402
-from ampteach.plots import (FIELD_COLORS, _smooth, figure_png, plot_bit_layouts, plot_number_line, plot_runs,  # noqa: E402
+from ampteach.plots import (FIELD_COLORS, _smooth, course_style, figure_png, plot_bit_layouts, plot_number_line, plot_runs,  # noqa: E402
                             plot_scales, plot_spacing, plot_ties)
 from ampteach.train import History, TrainConfig  # noqa: E402
 from ampteach.underflow import plot_gradient_histogram  # noqa: E402
@@ -136,3 +136,14 @@ def test_gradient_histogram_keeps_its_legend_off_the_data_and_its_label_in_the_f
     assert legend.x0 >= ax.get_window_extent().x1                  # to the right of the axes
     label = ax.xaxis.label.get_window_extent()
     assert label.y0 >= 0 and "2^10" in ax.get_xlabel()             # tight_layout kept it on the canvas
+
+
+def test_course_style_restores_only_its_own_keys():
+    before = matplotlib.rcParams["axes.spines.top"]
+    interactive = matplotlib.is_interactive()
+    with course_style():
+        assert matplotlib.rcParams["axes.spines.top"] is False
+        matplotlib.interactive(not interactive)     # what a notebook's inline backend does on its first figure
+    assert matplotlib.rcParams["axes.spines.top"] == before
+    assert matplotlib.is_interactive() == (not interactive)
+    matplotlib.interactive(interactive)
