@@ -43,6 +43,10 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .roofline import plot_roofline, roofline_table
 from .step_time import amdahl, profile_step, width_sweep
 
+# lesson 8: fp8 and microscaling
+from .fp8 import DelayedScaling, Float8Linear, convert_to_float8_training, quantize_tensorwise
+from .mx import MXTensor, mx_dequantize, mx_quantize
+
 __all__ = [
     "DataFileError", "DatasetNotFoundError", "FashionMNIST", "course_split", "load_fashion_mnist", "preload",
     "cnn", "mlp", "seed_everything", "History", "TrainConfig", "evaluate", "train",
@@ -54,4 +58,6 @@ __all__ = [
     "autocast", "custom_bwd", "custom_fwd",
     "load_checkpoint", "save_checkpoint",
     "plot_roofline", "roofline_table", "amdahl", "profile_step", "width_sweep",
+    "DelayedScaling", "Float8Linear", "convert_to_float8_training", "quantize_tensorwise", "MXTensor",
+    "mx_dequantize", "mx_quantize",
 ]
