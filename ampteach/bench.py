@@ -219,8 +219,13 @@ def run(args) -> int:
         print(f"ampteach bench: {exc}")
         return 2
     print(format_table(result))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+    save_result(result, args.out)
     return 0
+
+
+def save_result(result: dict, out: Path | None) -> None:
+    """Write a command's result as JSON to out (creating its folder), when out is given."""
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out}")

@@ -14,7 +14,6 @@ flops for 3n^2 elements moved: far left on the plot, under the memory roof.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Callable
@@ -227,6 +226,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from .bench import save_result
+
     try:
         sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else None
         ops = ("matmul", "add") if args.add else ("matmul",)
@@ -235,8 +236,5 @@ def run(args) -> int:
         print(f"ampteach roofline: {exc}")
         return 2
     print(format_table(table))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(table, indent=2) + "\n")
-        print(f"wrote {args.out}")
+    save_result(table, args.out)
     return 0

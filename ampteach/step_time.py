@@ -14,6 +14,7 @@ and autocast adds work of its own (the casts), which the fp32 step never had.
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from typing import Callable
 
@@ -112,6 +113,9 @@ def profile_step(model: nn.Module, data: Preloaded, precision: str = "fp32", bat
     fastest of them: on a shared machine the others were slowed down by someone else's work."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    # the profiler's backend (kineto) writes a dated line to stderr at every start and stop unless its
+    # log level is above them; it reads the variable when it first starts, and a value you set wins
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     step = make_step(model, data, precision, batch_size, optimizer)
     step(None)
     start = time.perf_counter()
