@@ -28,9 +28,12 @@ from .formats import (FORMATS, FloatFormat, bit_string, decode, encode, format_t
 from .scaler import GradScaler, OptState, StaticLossScaler
 from .underflow import ShrinkGradients, collect_gradients, plot_gradient_histogram, zone_fractions
 
-# lesson 3: master weights and memory
+# lesson 3: master weights, memory, and pure bf16 (Kahan-compensated updates, stochastic rounding)
+from .half_weights import HalfWeights
+from .kahan import kahan_add_
 from .master import MasterWeights, to_half
-from .memory import measure_step, memory_breakdown
+from .memory import measure_peak, measure_step, memory_breakdown
+from .stochastic_rounding import round_stochastic
 
 # lesson 4: autocast
 from .autocast import autocast, custom_bwd, custom_fwd
@@ -54,7 +57,8 @@ __all__ = [
     "round_to_bf16", "round_to_format", "ulp",
     "GradScaler", "OptState", "StaticLossScaler", "ShrinkGradients", "collect_gradients",
     "plot_gradient_histogram", "zone_fractions",
-    "MasterWeights", "to_half", "measure_step", "memory_breakdown",
+    "HalfWeights", "kahan_add_", "MasterWeights", "to_half", "measure_peak", "measure_step", "memory_breakdown",
+    "round_stochastic",
     "autocast", "custom_bwd", "custom_fwd",
     "load_checkpoint", "save_checkpoint",
     "plot_roofline", "roofline_table", "amdahl", "profile_step", "width_sweep",

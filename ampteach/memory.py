@@ -263,3 +263,40 @@ def memory_table(breakdowns: dict[str, MemoryBreakdown], steps: dict[str, StepMe
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     return "\n".join("  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths)))
                      for r in rows)
+
+
+def plot_memory(breakdowns: dict[str, MemoryBreakdown], peaks: dict[str, PeakMemory] | None = None):
+    """Left: bytes per parameter held between steps, stacked by category (a dash at each run's peak);
+    right: bytes per parameter alive after every op of one step, one line per run, forward and
+    backward solid, optimizer dotted. Returns the matplotlib Figure."""
+    import matplotlib.pyplot as plt
+
+    from .plots import course_style
+
+    with course_style():
+        fig, axes = plt.subplots(1, 2 if peaks else 1, figsize=(12 if peaks else 6, 3.6), squeeze=False)
+        bars, labels = axes[0][0], list(breakdowns)
+        bottom = [0.0] * len(labels)
+        for category in CATEGORIES:
+            values = [b.per_param[category] for b in breakdowns.values()]
+            if any(values):
+                bars.bar(labels, values, bottom=bottom, label=category)
+                bottom = [b + v for b, v in zip(bottom, values)]
+        if peaks:
+            bars.plot(labels, [peaks[k].per_param[1] for k in labels], "_", color="black", ms=30, mew=2,
+                      label="peak during a step")
+        bars.set(ylabel="bytes per parameter", title="Held between steps")
+        bars.tick_params(axis="x", labelsize=7)
+        bars.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        if peaks:
+            line = axes[0][1]
+            for i, (label, peak) in enumerate(peaks.items()):
+                values = [b / peak.n_params for _, b in peak.timeline]
+                last_pass = max(k for k, (phase, _) in enumerate(peak.timeline) if phase != "optimizer") + 1
+                line.plot(range(last_pass), values[:last_pass], color=f"C{i}", label=label)
+                line.plot(range(last_pass - 1, len(values)), values[last_pass - 1:], color=f"C{i}", ls=":")
+            line.set(xlabel="op of one training step (solid: forward and backward, dotted: optimizer)",
+                     ylabel="bytes per parameter alive", title="During one step")
+            line.legend(fontsize=7)
+        fig.tight_layout()
+    return fig

@@ -20,9 +20,13 @@ import ampteach
 from ampteach.data import Preloaded
 from ampteach.half_weights import HalfWeights
 from ampteach.kahan import kahan_add_
-from ampteach.master import MasterWeights, to_half
+from ampteach.lost_updates import sgd_trace
+from ampteach.master import to_half
 from ampteach.memory import memory_breakdown
 from ampteach.train import TrainConfig, train
+
+
+ROUNDINGS_AND_MASTER = ("plain", "master", "nearest", "kahan", "stochastic")
 
 
 def half_mlp(dtype=torch.bfloat16, seed: int = 0) -> nn.Module:
@@ -73,38 +77,19 @@ def test_the_step_is_torchs_fp32_step_and_the_write_back_is_the_rule(rounding):
                 assert (p != down).any()                    # not simply rounding to nearest
 
 
-def one_weight_run(rounding: str, steps: int = 1000, n: int = 4096):
-    """n independent weights at 1.0, each given `steps` SGD updates of +2^-10 (w/u = 1024 > 2^9)."""
-    model = nn.Linear(n, 1, bias=False).to(torch.bfloat16)
-    nn.init.ones_(model.weight)
-    holder = MasterWeights(model) if rounding == "master" else HalfWeights(model, rounding) if rounding else None
-    opt = torch.optim.SGD(holder.params if holder else model.parameters(), lr=2**-10)
-    for _ in range(steps):
-        model.weight.grad = torch.full_like(model.weight, -1.0)
-        if holder:
-            holder.grads_to_master()
-        opt.step()
-        if holder:
-            holder.master_to_model()
-    return model.weight.detach().double(), holder
-
-
 def test_small_updates_lost_to_nearest_are_kept_by_master_kahan_and_stochastic_rounding():
+    """4096 bf16 weights at 1.0, each given 1000 SGD updates of +2^-10 (w/u = 1024 > 2^9)."""
     torch.manual_seed(0)
     exact = 1 + 1000 * 2**-10                               # 1.9765625, a bf16 number
-    plain, _ = one_weight_run(None)                         # a torch optimizer on bf16 weights
-    nearest, _ = one_weight_run("nearest")
-    assert (plain == 1).all() and (nearest == 1).all()      # every update lost
-    master, holder = one_weight_run("master")
-    assert (holder.params[0] == exact).all()                # fp32 adds 2^-10 exactly
-    kahan, holder = one_weight_run("kahan")
-    assert (kahan + holder.compensations[0].double() == exact).all()
-    stochastic, _ = one_weight_run("stochastic")
+    final = {rule: sgd_trace(rule, 1.0, 2**-10, 1000, n=4096)[-1] for rule in ROUNDINGS_AND_MASTER}
+    assert (final["plain"] == 1).all() and (final["nearest"] == 1).all()      # every update lost
+    assert (final["master"] == exact).all() and (final["kahan"] == exact).all()
     # each step moves a weight one gap g (2^-7 below 2) with probability 2^-10 / g: per weight the
     # sum has variance below steps * 2^-10 * 2^-6 (g <= 2^-6), so the mean over 4096 weights has
     # standard error below sqrt(1000 * 2^-16 / 4096)
+    stochastic = final["stochastic"]
     assert abs(stochastic.mean().item() - exact) < 5 * math.sqrt(1000 * 2**-16 / 4096)
-    assert stochastic.std().item() > 0.01                    # but each weight on its own wanders
+    assert stochastic.std().item() > 0.01                   # but each weight on its own wanders
 
 
 def test_between_steps_only_the_half_weights_and_compensation_remain():
