@@ -415,11 +415,12 @@ def install() -> None:
             return
         kernels = {device: _kernels(device) for device in DEVICE_KEYS}   # looked up before registering
         lib = torch.library.Library("aten", "IMPL")
+        register = lib.m.impl   # what Library.impl calls, without its per-call bookkeeping (lib._destroy undoes both)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "Warning only once for all operators")   # overriding is the point
             for device, key in DEVICE_KEYS.items():
                 for name, kernel in kernels[device].items():
-                    lib.impl(name, kernel, key)
+                    register(name, key, kernel, False)
         _library = lib
 
 

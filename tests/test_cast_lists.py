@@ -15,7 +15,6 @@ import contextlib
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampteach import cast_lists as cl
@@ -290,14 +289,6 @@ PROBES = {
     "batch_norm": lambda d, a, b: F.batch_norm(r(d, a, 2, 3, 4), r(d, F32, 3), r(d, F32, 3)),
     "add": lambda d, a, b: torch.add(r(d, a, 4), r(d, b, 4)),
 }
-def rnn(kind, d, a, b):
-    """nn.LSTM/GRU through torch.func.functional_call, so fake CUDA weights (without grad) can stand in."""
-    torch.manual_seed(0)
-    module = kind(3, 4)
-    weights = {name: r(d, b, *p.shape) for name, p in module.named_parameters()}
-    return torch.func.functional_call(module, weights, (r(d, a, 5, 2, 3),))[0]
-
-
 # Observation can tell these apart: fp32_set_opt_dtype and fp32_append_dtype run in fp32 too
 # (they pass dtype=float32 instead of casting; which one is read in the source, not observed).
 CATEGORY = {"fp32_set_opt_dtype": "fp32", "fp32_append_dtype": "fp32"}

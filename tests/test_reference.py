@@ -20,6 +20,7 @@ from ampteach.reference import (
     _max_diff,
     agreement_rows,
     compare_training,
+    dispatch_trace,
     html_table,
     op_agreement,
     torch_autocast,
@@ -43,7 +44,17 @@ def test_mlp_fp16_steps_match_bit_for_bit_with_the_same_scale_trajectory(data):
     assert 0.5 in changes, "an overflow backed the scale off (the test exercises skipped steps)"
     assert [s.loss_torch for s in report.steps] == [s.loss_ampteach for s in report.steps]
     assert [r.op for r in report.records_ampteach] == ["linear", "linear", "cross_entropy_loss"]
-    assert report.records_torch == report.records_ampteach
+    assert report.trace_torch == report.trace_ampteach
+    casts = [e for e in report.trace_ampteach if e.op == "_to_copy"]
+    assert [str(e) for e in casts[:3]] == ["_to_copy(float32) -> float16"] * 3   # linear's bias, weight, input
+
+
+def test_a_dispatch_trace_lists_the_calls_below_autocast():
+    a = torch.rand(2, 2)
+    with torch.autocast("cpu"), dispatch_trace() as trace:
+        torch.relu(a @ a)
+    assert [str(e) for e in trace] == ["_to_copy(float32) -> bfloat16", "_to_copy(float32) -> bfloat16",
+                                       "mm(bfloat16, bfloat16) -> bfloat16", "relu(bfloat16) -> bfloat16"]
 
 
 @pytest.mark.parametrize("build", [mlp, cnn], ids=["mlp", "cnn"])
