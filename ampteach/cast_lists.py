@@ -5,6 +5,7 @@
     policy_of("softmax", "cpu")              # None: not autocast on CPU, runs in its input's dtype
     ops_with_policy("promote", "cpu")        # ('cat', 'index_copy', 'stack')
     registered("cpu")                        # every 'op.overload' torch registers at AutocastCPU
+    op_of(torch.Tensor.__matmul__)           # 'matmul': which aten op a Python callable dispatches to
 
 The policies, per eligible input x (floating point, on the region's device, not float64):
 
@@ -30,7 +31,7 @@ The tables describe torch 2.13; `table(device, version=...)` applies VERSION_DIF
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -237,6 +238,105 @@ def differences(version: str | None = None) -> dict[str, tuple[str | None, str |
     cpu, cuda = policies("cpu", version), policies("cuda", version)
     both = {op: (cpu.get(op), cuda.get(op)) for op in set(cpu) | set(cuda)}
     return {op: pair for op, pair in sorted(both.items()) if pair[0] != pair[1]}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Python callables -> aten ops
+#
+# A Python-level autocast (a torch function mode, lesson 4's first model) sees Python calls, not aten
+# ops; ampteach.autocast itself works on aten ops and needs none of this. A C++ binding named like an
+# aten op dispatches to it:
+# torch.mm, Tensor.mm -> aten::mm; F.linear is torch._C._nn.linear -> aten::linear;
+# torch.linalg.vector_norm is torch._C._linalg.linalg_vector_norm; torch.fft.fft is
+# torch._C._fft.fft_fft. BINDINGS lists where those bindings live; op_of() looks a callable up.
+# ENTRY_POINTS spells out the mapping for what learners call, including Python-level functions
+# (F.cross_entropy runs Python that calls torch._C._nn.cross_entropy_loss); tests/test_cast_lists.py
+# checks with the profiler that each one really reaches its op.
+
+BINDINGS: tuple[tuple[str, Any], ...] = (
+    ("torch", torch._C._VariableFunctions),
+    ("torch.Tensor", torch._C.TensorBase),
+    ("torch._C._nn", torch._C._nn),
+    ("torch._C._linalg", torch._C._linalg),
+    ("torch._C._fft", torch._C._fft),
+    ("torch._C._special", torch._C._special),
+)
+
+ENTRY_POINTS: dict[str, str] = {
+    # matmuls: `a @ b` reaches __torch_function__ as Tensor.matmul
+    "torch.mm": "mm", "torch.Tensor.mm": "mm", "torch.matmul": "matmul", "torch.Tensor.matmul": "matmul",
+    "torch.Tensor.__matmul__": "matmul", "torch.bmm": "bmm", "torch.baddbmm": "baddbmm",
+    "torch.addmm": "addmm", "torch.nn.functional.linear": "linear", "torch.einsum": "einsum",
+    "torch.linalg.vecdot": "linalg_vecdot", "torch.tensordot": "tensordot",
+    # convolutions and attention
+    "torch.nn.functional.conv1d": "conv1d", "torch.nn.functional.conv2d": "conv2d",
+    "torch.nn.functional.conv3d": "conv3d", "torch.nn.functional.conv_transpose2d": "conv_transpose2d",
+    "torch.nn.functional.prelu": "prelu",
+    "torch.nn.functional.scaled_dot_product_attention": "scaled_dot_product_attention",
+    # pointwise
+    "torch.exp": "exp", "torch.Tensor.exp": "exp", "torch.log": "log", "torch.Tensor.log": "log",
+    "torch.pow": "pow", "torch.Tensor.__pow__": "pow", "torch.Tensor.__rpow__": "pow",
+    "torch.rsqrt": "rsqrt", "torch.nn.functional.softplus": "softplus", "torch.atan2": "atan2",
+    "torch.addcmul": "addcmul",
+    # softmaxes, norms, reductions
+    "torch.softmax": "softmax", "torch.Tensor.softmax": "softmax", "torch.nn.functional.softmax": "softmax",
+    "torch.nn.functional.log_softmax": "log_softmax", "torch.sum": "sum", "torch.Tensor.sum": "sum",
+    "torch.cumsum": "cumsum", "torch.prod": "prod", "torch.logsumexp": "logsumexp",
+    "torch.nn.functional.layer_norm": "layer_norm", "torch.nn.functional.group_norm": "group_norm",
+    "torch.nn.functional.rms_norm": "rms_norm", "torch.norm": "linalg_vector_norm",
+    "torch.Tensor.norm": "linalg_vector_norm", "torch.linalg.vector_norm": "linalg_vector_norm",
+    # losses
+    "torch.nn.functional.cross_entropy": "cross_entropy_loss", "torch.nn.functional.nll_loss": "nll_loss_nd",
+    "torch.nn.functional.mse_loss": "mse_loss", "torch.nn.functional.l1_loss": "l1_loss",
+    "torch.nn.functional.binary_cross_entropy": "binary_cross_entropy",
+    "torch.nn.functional.binary_cross_entropy_with_logits": "binary_cross_entropy_with_logits",
+    "torch.nn.functional.kl_div": "kl_div",
+    # promote, padding, pooling
+    "torch.cat": "cat", "torch.stack": "stack", "torch.index_copy": "index_copy",
+    "torch.nn.functional.pad": "pad", "torch.nn.functional.avg_pool3d": "avg_pool3d",
+    "torch.nn.functional.max_pool3d": "max_pool3d",
+}
+
+
+def resolve(dotted: str) -> Callable:
+    """'torch.nn.functional.linear' -> the object."""
+    parts = dotted.split(".")
+    obj: Any = __import__(parts[0])
+    for part in parts[1:]:
+        obj = getattr(obj, part)
+    return obj
+
+
+def _builtin_names() -> set[str]:
+    return {base_name(op) for device in TABLES for ops in TABLES[device].values() for op in ops}
+
+
+def bindings_of(op: str) -> list[tuple[str, Callable]]:
+    """The C++ bindings that dispatch to aten op `op`: [('torch.mm', torch.mm), ('torch.Tensor.mm', ...)]."""
+    name = base_name(op)
+    return [(f"{where}.{name}", getattr(namespace, name)) for where, namespace in BINDINGS if hasattr(namespace, name)]
+
+
+def _build_builtin_ops() -> dict[Any, str]:
+    ops: dict[Any, str] = {}
+    for name in sorted(_builtin_names()):
+        for _, binding in bindings_of(name):
+            ops[binding] = name
+    return ops
+
+
+BUILTIN_OPS: dict[Any, str] = _build_builtin_ops()   # C++ binding -> aten op (what autocast looks up)
+
+
+def op_of(func: Callable) -> str | None:
+    """The aten op a callable dispatches to, for listed ops; None for anything else (F.relu: on no list)."""
+    op = BUILTIN_OPS.get(func)
+    if op is not None:
+        return op
+    for dotted, name in ENTRY_POINTS.items():
+        if resolve(dotted) is func:
+            return name
+    return None
 
 
 def describe(op: str, device_type: str) -> str:

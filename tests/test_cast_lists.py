@@ -1,9 +1,10 @@
 """ampteach.cast_lists against torch 2.13 itself: the dispatcher's registrations and observed behaviour.
 
-Two independent checks: (1) each table holds exactly the ops torch registers for AutocastCPU /
+Three independent checks: (1) each table holds exactly the ops torch registers for AutocastCPU /
 AutocastCUDA; (2) running an op under torch.autocast shows the policy the table names (CUDA with
 fake CUDA tensors): what comes out, and which casts torch inserted, seen by a dispatch-mode log below
-autocast. Composite ops are in no table (the dispatcher decomposes them into listed ops):
+autocast; (3) every Python binding the mapping for a Python-level autocast names really dispatches
+to its aten op (profiler). Composite ops are in no table (the dispatcher decomposes them into listed ops):
 tests/test_autocast.py checks that ampteach gives torch's results for them.
 """
 
@@ -316,3 +317,76 @@ def test_the_probes_cover_every_policy_on_both_devices():
     for device_type in cl.DEVICE_TYPES:
         covered = {cl.policy_of(op, device_type) for op in PROBES} - {None}
         assert covered == {p for p in cl.POLICIES if cl.ops_with_policy(p, device_type)}, device_type
+
+
+# ---------------------------------------------------------------------------------------------------
+# (3) Python callables -> aten ops
+
+def test_every_binding_is_named_like_the_aten_op_it_maps_to():
+    assert len(cl.BUILTIN_OPS) > 200
+    for binding, op in cl.BUILTIN_OPS.items():
+        assert binding.__name__ == op and hasattr(torch.ops.aten, op), (binding, op)
+        assert not op.endswith("_"), f"{op}: in-place ops are not autocast"
+    listed = {op for device in cl.DEVICE_TYPES for op in cl.policies(device)}
+    unbound = {op for op in listed if not cl.bindings_of(op)}   # called from C++ only
+    assert unbound <= {"_thnn_fused_gru_cell", "_thnn_fused_lstm_cell", "multilabel_margin_loss_forward", "_cudnn_rnn"}
+
+
+def m(*shape):
+    return torch.rand(*shape) + 0.5
+
+
+SAMPLES = {   # op -> arguments that every binding of the op (torch.X, Tensor.X, F.X) accepts
+    "mm": lambda: (m(4, 4), m(4, 4)), "matmul": lambda: (m(4, 4), m(4, 4)), "bmm": lambda: (m(2, 4, 4), m(2, 4, 4)),
+    "baddbmm": lambda: (m(2, 4, 4), m(2, 4, 4), m(2, 4, 4)), "addmm": lambda: (m(4), m(4, 4), m(4, 4)),
+    "linear": lambda: (m(2, 4), m(3, 4)), "einsum": lambda: ("ij,jk->ik", m(4, 4), m(4, 4)),
+    "linalg_vecdot": lambda: (m(4, 4), m(4, 4)), "tensordot": lambda: (m(4, 4), m(4, 4)),
+    "conv1d": lambda: (m(1, 2, 8), m(3, 2, 3)), "conv2d": lambda: (m(1, 2, 6, 6), m(3, 2, 3, 3)),
+    "conv3d": lambda: (m(1, 1, 4, 4, 4), m(2, 1, 3, 3, 3)), "conv_transpose2d": lambda: (m(1, 2, 4, 4), m(2, 3, 3, 3)),
+    "prelu": lambda: (m(2, 4), m(1)), "scaled_dot_product_attention": lambda: (m(1, 2, 4, 8), m(1, 2, 4, 8), m(1, 2, 4, 8)),
+    "exp": lambda: (m(8),), "log": lambda: (m(8),), "rsqrt": lambda: (m(8),), "softplus": lambda: (m(8),),
+    "pow": lambda: (m(8), 2), "atan2": lambda: (m(4), m(4)), "addcmul": lambda: (m(4), m(4), m(4)),
+    "softmax": lambda: (m(4, 4), 1), "log_softmax": lambda: (m(4, 4), 1), "sum": lambda: (m(4, 4),),
+    "cumsum": lambda: (m(8), 0), "prod": lambda: (m(8),), "logsumexp": lambda: (m(4, 4), 1),
+    "layer_norm": lambda: (m(2, 4), (4,)), "group_norm": lambda: (m(2, 4, 3), 2), "rms_norm": lambda: (m(2, 4), (4,)),
+    "linalg_vector_norm": lambda: (m(4, 4),),
+    "cross_entropy_loss": lambda: (m(4, 5), torch.tensor([0, 1, 2, 3])),
+    "nll_loss_nd": lambda: (m(4, 5), torch.tensor([0, 1, 2, 3])),
+    "mse_loss": lambda: (m(8), m(8)), "l1_loss": lambda: (m(8), m(8)), "kl_div": lambda: (m(4, 4), m(4, 4)),
+    "binary_cross_entropy": lambda: (m(8) - 0.5, m(8) - 0.5),
+    "binary_cross_entropy_with_logits": lambda: (m(8), m(8) - 0.5),
+    "cat": lambda: ([m(4), m(4)],), "stack": lambda: ([m(4), m(4)],),
+    "index_copy": lambda: (m(4), 0, torch.tensor([1]), m(1)),
+    "pad": lambda: (m(1, 2, 6), (1, 1)), "avg_pool3d": lambda: (m(1, 1, 4, 4, 4), 2),
+    "max_pool3d": lambda: (m(1, 1, 4, 4, 4), 2),
+}
+
+
+def top_level_aten_ops(fn, args) -> list[str]:
+    """The aten ops the profiler records as called by fn(*args) itself (not from inside other ops)."""
+    with torch.autograd.profiler.profile() as prof:
+        fn(*args)
+    return [e.name.removeprefix("aten::") for e in prof.function_events
+            if e.name.startswith("aten::") and e.cpu_parent is None]
+
+
+@pytest.mark.parametrize("entry", sorted(cl.ENTRY_POINTS))
+def test_entry_points_dispatch_to_their_op(entry):
+    """Python functions (F.mse_loss) may call helpers first (broadcast_tensors); the op must be among the calls."""
+    op = cl.ENTRY_POINTS[entry]
+    assert op in top_level_aten_ops(cl.resolve(entry), SAMPLES[op]())
+    assert cl.op_of(cl.resolve(entry)) == op
+
+
+BINDING_SAMPLES = {   # the C++ bindings of ops whose Python wrappers take other arguments
+    "einsum": lambda: ("ij,jk->ik", [m(4, 4), m(4, 4)]),
+    "tensordot": lambda: (m(4, 4), m(4, 4), [1], [0]),
+}
+
+
+@pytest.mark.parametrize("op", sorted(set(SAMPLES) & set(cl._builtin_names())))
+def test_every_binding_of_an_op_dispatches_to_it(op):
+    """A C++ binding calls exactly one op: its own."""
+    sample = BINDING_SAMPLES.get(op, SAMPLES[op])
+    for where, binding in cl.bindings_of(op):
+        assert top_level_aten_ops(binding, sample()) == [op], where
