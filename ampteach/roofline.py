@@ -181,35 +181,40 @@ def ridge_point(peaks: dict, dtype: str) -> float:
 
 
 def plot_roofline(table: dict | None = None, quoted: dict | None = None, ax=None, title: str | None = None):
-    """Measured rows (circles: matmul, crosses: add) against the roofs, log-log. quoted: vendor peaks
-    (like A100_QUOTED) drawn as dotted roofs, labelled as quoted. Returns the Axes."""
+    """Measured rows (circles: matmul, labelled with n; crosses: add) against the roofs, log-log: the memory
+    roof in black, each format's compute roof in its colour from its ridge point on. quoted: vendor peaks
+    (like A100_QUOTED), dotted and labelled as quoted. Returns the Axes."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7.5, 4.5))
-    xs = [r["intensity"] for r in table["rows"]] if table else [0.05, 1000]
-    x = torch.logspace(-2, 4, 200).tolist()
+    rows = table["rows"] if table else []
+    lo, hi = 0.02, 3000.0
     for peaks, style, tag in ((table["peaks"] if table else None, "-", "measured"), (quoted, ":", "quoted")):
         if not peaks:
             continue
-        bw = peaks["bandwidth_gbs"]
-        for d, roof in peaks["compute_gflops"].items():
-            ax.plot(x, [min(roof, bw * i) for i in x], style, color=COLORS.get(d, "grey"), lw=1.2,
+        bw, roofs = peaks["bandwidth_gbs"], peaks["compute_gflops"]
+        top = max(roofs.values()) / bw  # the highest ridge point
+        ax.plot([lo, top], [bw * lo, bw * top], style, color="black", lw=1.2,
+                label=f"memory roof ({tag}): {bw:,.0f} GB/s")
+        for d, roof in roofs.items():
+            ax.plot([roof / bw, hi], [roof, roof], style, color=COLORS.get(d, "grey"), lw=1.2,
                     label=f"{d} roof ({tag}): {roof:,.0f} GFLOP/s")
-        ax.plot([], [], style, color="black", lw=1.2, label=f"memory roof ({tag}): {bw:,.0f} GB/s")
-    for r in table["rows"] if table else []:
-        marker = "o" if r["op"] == "matmul" else "x"
-        ax.plot(r["intensity"], r["gflops"], marker, color=COLORS[r["dtype"]], ms=6)
+    for r in rows:
+        ax.plot(r["intensity"], r["gflops"], "o" if r["op"] == "matmul" else "x", color=COLORS[r["dtype"]], ms=6)
         if r["op"] == "matmul":
-            ax.annotate(str(r["size"]), (r["intensity"], r["gflops"]), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
+            ax.annotate(str(r["size"]), (r["intensity"], r["gflops"]), fontsize=7, xytext=(4, -3),
+                        textcoords="offset points", color=COLORS[r["dtype"]])
+    if rows:
+        ax.plot([], [], "o", color="grey", label="matmul n x n (n beside it)")
+        ax.plot([], [], "x", color="grey", label="add n x n")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlim(min(xs) / 3, max(xs) * 3)
+    ax.set_xlim(lo, hi)
     ax.set_xlabel("arithmetic intensity (flops per byte moved)")
     ax.set_ylabel("GFLOP/s")
     ax.set_title(title or (table["device"]["name"] if table else quoted["name"]), fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(True, which="both", alpha=0.2)
     return ax
 

@@ -41,7 +41,11 @@ def make_step(model: nn.Module, data: Preloaded, precision: str = "fp32", batch_
     config = TrainConfig(precision=precision, batch_size=batch_size, progress=False, record_steps=False, seed=seed)
     model.to(data.device).train()
     _, opt, scaler = prepare(model, config, optimizer=optimizer)
-    batches = itertools.cycle(list(data.batches(batch_size, shuffle=True, seed=seed, drop_last=True)))
+    full = list(data.batches(batch_size, shuffle=True, seed=seed, drop_last=True))
+    if not full:
+        raise ValueError(f"batch_size={batch_size} is larger than the {len(data.train_x)} training images: "
+                         f"choose a batch_size of at most {len(data.train_x)}")
+    batches = itertools.cycle(full)
 
     def step(n: int | None = None) -> None:
         x, y = next(batches)
@@ -169,7 +173,8 @@ def plot_breakdown(breakdowns: dict[str, dict[str, float]], ax=None, title: str 
 
 
 def plot_sweep(rows: list[dict], matmul_speedup: float | None = None, ax=None):
-    """bf16 / fp32 samples/s against hidden width; matmul_speedup draws the matmul's own ratio for comparison."""
+    """Half-precision samples/s / fp32's against hidden width (log-log); matmul_speedup draws a matmul's own
+    ratio (from the roofline) for comparison. Returns the Axes."""
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -180,8 +185,10 @@ def plot_sweep(rows: list[dict], matmul_speedup: float | None = None, ax=None):
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{precision} autocast training step")
     if matmul_speedup is not None:
         ax.axhline(matmul_speedup, color="tab:orange", ls="--", label=f"bf16 matmul alone: {matmul_speedup:.2f}x")
-    ax.axhline(1.0, color="black", lw=0.8)
+    ax.axhline(1.0, color="black", lw=0.8, label="as fast as fp32")
+    widths = sorted({r["width"] for r in rows})
     ax.set_xscale("log", base=2)
+    ax.set_xticks(widths, [str(w) for w in widths])
     ax.set_yscale("log")
     ax.set_xlabel("hidden width W (784-W-W-10)")
     ax.set_ylabel("speed vs fp32 (x)")

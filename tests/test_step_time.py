@@ -63,6 +63,8 @@ def test_steps_train_the_model_with_adamw(data):
     step()
     assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
     assert all(p.dtype == torch.float32 for p in model.parameters())  # autocast leaves the weights fp32
+    with pytest.raises(ValueError, match="at most 96"):
+        step_time.make_step(model, data, batch_size=97)
 
 
 def test_width_sweep_rows(data):
