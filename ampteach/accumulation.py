@@ -121,27 +121,30 @@ def plot_accumulation_windows(loops: dict[str, Sequence[tuple[int, str]]], n_mic
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(9, 0.8 + 0.7 * len(loops)))
-    colours = plt.get_cmap("tab10").colors
-    for row, (name, events) in enumerate(loops.items()):
-        y = len(loops) - 1 - row
-        windows, _ = windows_from_events(events)
-        owner = {m: k for k, window in enumerate(windows) for m in window}
-        for m in range(n_micro):
-            face = colours[owner[m] % len(colours)] if m in owner else "0.85"
-            ax.add_patch(Rectangle((m + 0.05, y + 0.15), 0.9, 0.6, facecolor=face, alpha=0.75,
-                                   edgecolor="red" if m in bad else "none", lw=2.5 if m in bad else 0))
-            if m in owner:
-                ax.text(m + 0.5, y + 0.45, str(owner[m]), ha="center", va="center", fontsize=7)
-        for m, what in events:
-            if what == "step":
-                ax.plot(m + 0.5, y + 0.88, "v", color="k", ms=5)
-    for b in range(0, n_micro + 1, every):
-        ax.axvline(b, color="0.5", ls="--", lw=0.8)
-    ax.set(xlim=(0, n_micro), ylim=(0, len(loops)),
-           xlabel="micro-batch (number: the optimizer step that applied its gradient; grey: no step did)",
-           yticks=[len(loops) - 1 - r + 0.45 for r in range(len(loops))], yticklabels=list(loops))
-    ax.set_title(f"Accumulation windows of {every} micro-batches (triangle: optimizer step; red edge: bad loss)",
-                 fontsize=9)
-    return ax
+    from .plots import course_style
+
+    with course_style():
+        if ax is None:
+            _, ax = plt.subplots(figsize=(9, 0.8 + 0.7 * len(loops)))
+        colours = plt.get_cmap("tab10").colors
+        for row, (name, events) in enumerate(loops.items()):
+            y = len(loops) - 1 - row
+            windows, _ = windows_from_events(events)
+            owner = {m: k for k, window in enumerate(windows) for m in window}
+            for m in range(n_micro):
+                face = colours[owner[m] % len(colours)] if m in owner else "0.85"
+                ax.add_patch(Rectangle((m + 0.05, y + 0.15), 0.9, 0.6, facecolor=face, alpha=0.75,
+                                       edgecolor="red" if m in bad else "none", lw=2.5 if m in bad else 0))
+                if m in owner:
+                    ax.text(m + 0.5, y + 0.45, str(owner[m]), ha="center", va="center", fontsize=7)
+            for m, what in events:
+                if what == "step":
+                    ax.plot(m + 0.5, y + 0.88, "v", color="k", ms=5)
+        for b in range(0, n_micro + 1, every):
+            ax.axvline(b, color="0.5", ls="--", lw=0.8)
+        ax.set(xlim=(0, n_micro), ylim=(0, len(loops)),
+               xlabel="micro-batch (number: the optimizer step that applied its gradient; grey: no step did)",
+               yticks=[len(loops) - 1 - r + 0.45 for r in range(len(loops))], yticklabels=list(loops))
+        ax.set_title(f"Accumulation windows of {every} micro-batches (triangle: optimizer step; red edge: bad loss)",
+                     fontsize=9)
+        return ax

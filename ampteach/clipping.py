@@ -89,19 +89,22 @@ def plot_clip_trace(traces: dict[str, ClipTrace], ax=None):
     """One figure: the true gradient norm, max_norm, the effective threshold and the norm each order applied."""
     import matplotlib.pyplot as plt
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(9, 3.6))
-    first = next(iter(traces.values()))
-    steps = range(len(first.scale))
-    ax.plot(steps, first.true_norm, color="0.3", lw=1.5, label="true gradient norm ||g||")
-    ax.axhline(first.max_norm, color="tab:green", ls="--", lw=1, label=f"max_norm = {first.max_norm:g}")
-    markers = ("o", "x", "s", "^")
-    for (name, trace), marker in zip(traces.items(), markers):
-        if not trace.unscale_first:
-            ax.step(steps, trace.threshold, where="mid", color="tab:red", lw=1,
-                    label=f"max_norm / S: the threshold \"{name}\" really uses")
-        ax.plot(steps, trace.applied_norm, marker, ms=4, ls="none", label=f"norm applied: {name}")
-    ax.set(yscale="log", xlabel="optimizer step", ylabel="gradient norm (true units)",
-           title="Clipping before unscale_ compares max_norm with S·||g||")
-    ax.legend(fontsize=7, loc="center right")
-    return ax
+    from .plots import course_style
+
+    with course_style():
+        if ax is None:
+            _, ax = plt.subplots(figsize=(9, 3.6))
+        first = next(iter(traces.values()))
+        steps = range(len(first.scale))
+        ax.plot(steps, first.true_norm, color="0.3", lw=1.5, label="true gradient norm ||g||")
+        ax.axhline(first.max_norm, color="tab:green", ls="--", lw=1, label=f"max_norm = {first.max_norm:g}")
+        markers = ("o", "x", "s", "^")
+        for (name, trace), marker in zip(traces.items(), markers):
+            if not trace.unscale_first:
+                ax.step(steps, trace.threshold, where="mid", color="tab:red", lw=1,
+                        label=f"max_norm / S: the threshold \"{name}\" really uses")
+            ax.plot(steps, trace.applied_norm, marker, ms=4, ls="none", label=f"norm applied: {name}")
+        ax.set(yscale="log", xlabel="optimizer step", ylabel="gradient norm (true units)",
+               title="Clipping before unscale_ compares max_norm with S·||g||")
+        ax.legend(fontsize=7, loc="center right")
+        return ax

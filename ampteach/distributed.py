@@ -1,4 +1,4 @@
-"""Data-parallel mixed precision: DDP with autocast and one loss scaler per process.
+"""Data-parallel mixed precision: DDP with autocast and one loss scaler per process; FSDP2 with fp32 shards.
 
     python -m torch.distributed.run --nproc_per_node 2 -m ampteach.distributed --device cpu --steps 20
     rank 0: scale 65536.0 checksum -12.345678901234567
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import math
 import os
@@ -183,7 +184,7 @@ def run(args: argparse.Namespace) -> str:
         counter = AllReduceCount()
         wrapped.register_comm_hook(counter, count_all_reduces)
         _, opt, scaler = prepare(wrapped, config)                     # this rank's own scaler (fp16; bf16 needs none)
-        autocast = lambda: autocast_for(config.impl, device.type, config.precision)   # noqa: E731
+        autocast = functools.partial(autocast_for, config.impl, device.type, config.precision)
 
     stream = shard_batches(data, args.batch_size, rank, world_size, args.seed)
     last = args.accumulate - 1

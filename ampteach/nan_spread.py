@@ -83,27 +83,30 @@ def plot_nan_spread(spreads: dict[str, NanSpread], ax=None):
     import matplotlib.pyplot as plt
     from matplotlib.colors import LogNorm
 
-    runs = list(spreads.items())
-    if ax is None:
-        _, ax = plt.subplots(1, len(runs), figsize=(4.6 * len(runs), 2.8), squeeze=False)
-        ax = ax[0]
-    for a, (title, spread) in zip(ax, runs):
-        grid = torch.tensor([spread.fraction[n] for n in spread.names])
-        shown = grid.masked_fill(grid == 0, float("nan")).numpy()        # no colour where nothing is NaN
-        image = a.imshow(shown, aspect="auto", cmap="Reds", norm=LogNorm(1e-5, 1), interpolation="nearest")
-        for row, name in enumerate(spread.names):
-            for step, share in enumerate(spread.fraction[name]):
-                if share > 0:
-                    count = round(share * spread.numel[name])
-                    a.text(step, row, f"{count:,}", ha="center", va="center", fontsize=6,
-                           color="white" if share > 0.1 else "black")
-        for step, skipped in enumerate(spread.skipped):
-            if skipped:
-                a.text(step, -0.6, "skipped", ha="center", va="bottom", fontsize=7, color="tab:blue")
-        a.axvline(spread.poison_step - 0.5, color="k", lw=0.8, ls=":")
-        a.set(yticks=range(len(spread.names)), yticklabels=spread.names, xticks=range(len(spread.loss)),
-              xlabel=f"after step (NaN put into a gradient at step {spread.poison_step})", ylim=(len(spread.names) - 0.5, -1))
-        a.tick_params(labelsize=7)
-        a.set_title(title, fontsize=9)
-    plt.colorbar(image, ax=list(ax), label="share of inf/NaN weights", fraction=0.03)
-    return ax
+    from .plots import course_style
+
+    with course_style():
+        runs = list(spreads.items())
+        if ax is None:
+            _, ax = plt.subplots(1, len(runs), figsize=(4.6 * len(runs), 2.8), squeeze=False)
+            ax = ax[0]
+        for a, (title, spread) in zip(ax, runs):
+            grid = torch.tensor([spread.fraction[n] for n in spread.names])
+            shown = grid.masked_fill(grid == 0, float("nan")).numpy()        # no colour where nothing is NaN
+            image = a.imshow(shown, aspect="auto", cmap="Reds", norm=LogNorm(1e-5, 1), interpolation="nearest")
+            for row, name in enumerate(spread.names):
+                for step, share in enumerate(spread.fraction[name]):
+                    if share > 0:
+                        count = round(share * spread.numel[name])
+                        a.text(step, row, f"{count:,}", ha="center", va="center", fontsize=6,
+                               color="white" if share > 0.1 else "black")
+            for step, skipped in enumerate(spread.skipped):
+                if skipped:
+                    a.text(step, -0.6, "skipped", ha="center", va="bottom", fontsize=7, color="tab:blue")
+            a.axvline(spread.poison_step - 0.5, color="k", lw=0.8, ls=":")
+            a.set(yticks=range(len(spread.names)), yticklabels=spread.names, xticks=range(len(spread.loss)),
+                  xlabel=f"after step (NaN put into a gradient at step {spread.poison_step})", ylim=(len(spread.names) - 0.5, -1))
+            a.tick_params(labelsize=7)
+            a.set_title(title, fontsize=9)
+        plt.colorbar(image, ax=list(ax), label="share of inf/NaN weights", fraction=0.03)
+        return ax
