@@ -202,7 +202,8 @@ class _Float8Matmul(torch.autograd.Function):
         x8, w8 = recipe.cast("input", x2, record), recipe.cast("weight", weight, record)
         ctx.recipe, ctx.record, ctx.x_shape = recipe, record, x.shape
         ctx.save_for_backward(*((x2, weight) if isinstance(recipe, _MX) else (x8, w8)))
-        out = torch.mm(x8, w8.t())
+        with torch.autocast(x.device.type, enabled=False):     # float32 accumulation, even inside autocast
+            out = torch.mm(x8, w8.t())
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     @staticmethod

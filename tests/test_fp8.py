@@ -229,6 +229,14 @@ def test_mx_linear_blocks_along_the_summed_dimension(linear_case):
     assert torch.equal(gb, g.sum(0))
 
 
+def test_the_matmul_stays_float32_inside_autocast(linear_case):
+    lin, x, g = linear_case
+    layer = Float8Linear.from_float(copy.deepcopy(lin))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x)
+    assert out.dtype == torch.float32 and torch.equal(out, layer(x))
+
+
 def test_mx_linear_takes_other_element_formats(linear_case):
     lin, x, g = linear_case
     elements = {"input": "fp4_e2m1", "weight": "fp6_e2m3"}
