@@ -14,9 +14,9 @@ the gap to w's neighbour (w/u beyond about 2^8) is lost every time. Kahan's comp
 
 When |c + u| <= |w| (small updates, where this matters), t - w is exact and so is c + (t - w): it is
 the rounding error of w + c, which a bf16 number always holds (Fast2Sum). The only rounding left is
-that of c + u, at most half a gap of c: about 2^-8 of the error that rounding w + u makes. So w + c behaves like a weight with twice
-bf16's precision, at 2 extra bytes per parameter where an fp32 master copy costs 4 (and keeps the
-optimizer's arithmetic in bf16 out of it). This is the update of torchdistx's
+that of c + u, at most half a gap of c, about 2^-8 of the error that rounding w + u makes: w + c
+behaves like a weight with about twice bf16's mantissa, for 2 extra bytes per parameter where an
+fp32 master copy costs 4. This is the update of torchdistx's
 `AnyPrecisionAdamW(use_kahan_summation=True)` (pytorch/torchdistx, with a bf16
 `compensation_buffer_dtype`), also used by optimi (`kahan_sum=True`); Zamirai et al. 2020
 ("Revisiting BFloat16 Training", arXiv:2010.06192) compare it with stochastic rounding.
@@ -33,7 +33,8 @@ def kahan_add_(weight: Tensor, update: Tensor, compensation: Tensor) -> Tensor:
     """weight += update, in place, with the rounding error kept in compensation (same dtype and shape as weight).
 
     update may be fp32 (an optimizer's result): c + u is computed in fp32 and rounded once into c.
-    Returns weight. weight + compensation, summed exactly, is the running total of every update.
+    Returns weight. weight + compensation, summed exactly, is the running total of every update, up to
+    the rounding of c + u at each step.
     """
     if compensation.dtype != weight.dtype or compensation.shape != weight.shape:
         raise ValueError(f"the compensation must match the weight ({weight.dtype}, {tuple(weight.shape)}), got "

@@ -151,7 +151,8 @@ def sgd_trace(rounding: str, start: float, update: float, steps: int, dtype: tor
 
     model = nn.Linear(n, 1, bias=False).to(dtype)
     nn.init.constant_(model.weight, start)
-    holder = None if rounding == "plain" else MasterWeights(model) if rounding == "master" else HalfWeights(model, rounding)
+    holders = {"plain": lambda m: None, "master": MasterWeights}
+    holder = holders.get(rounding, lambda m: HalfWeights(m, rounding))(model)
     opt = torch.optim.SGD(holder.params if holder else model.parameters(), lr=update)
     trace = []
     for _ in range(steps):

@@ -8,7 +8,8 @@ from torch import nn
 
 import ampteach
 from ampteach.master import MasterWeights, to_half
-from ampteach.memory import CATEGORIES, measure_peak, measure_step, memory_breakdown, memory_table
+from ampteach.memory import (CATEGORIES, PeakMemory, measure_peak, measure_step, memory_breakdown, memory_table,
+                             plot_memory)
 from ampteach.train import TrainConfig, prepare, train_step
 
 FP32, FP16, INT64 = (torch.empty(0, dtype=d).element_size() for d in (torch.float32, torch.float16, torch.int64))
@@ -195,7 +196,8 @@ def test_measure_peak_names_the_phase_of_every_op():
     phases = [phase for phase, _ in measure_peak(step, model).timeline]
     first_backward, first_optimizer = phases.index("backward"), phases.index("optimizer")
     assert set(phases[:first_backward]) == {"forward"}
-    assert set(phases[first_backward:first_optimizer]) == {"backward"} and set(phases[first_optimizer:]) == {"optimizer"}
+    assert set(phases[first_backward:first_optimizer]) == {"backward"}
+    assert set(phases[first_optimizer:]) == {"optimizer"}
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
@@ -215,3 +217,17 @@ def test_a_training_step_peaks_above_its_steady_state_by_what_only_lives_inside_
         weights = numel(MLP_SHAPES[0]) + numel(MLP_SHAPES[2])
         assert forward_high >= peak.steady + FP16 * weights
     assert peak.peak >= forward_high and peak.per_param[0] == peak.steady / N
+
+
+def test_plot_memory_stacks_the_categories_and_marks_each_peak():
+    model, master, opt = after_one_step(TrainConfig(optimizer="adamw"))
+    breakdown = memory_breakdown(model, opt, master)
+    peak = PeakMemory(steady=breakdown.total, peak=2 * breakdown.total, peak_phase="optimizer",
+                      timeline=[("forward", 10), ("backward", 20), ("optimizer", 30)], n_params=N)
+    fig = plot_memory({"fp32": breakdown}, {"fp32": peak})
+    bars, line = fig.axes
+    heights = [patch.get_height() for patch in bars.patches]
+    assert heights == [v for v in breakdown.per_param.values() if v]          # one bar segment per held category
+    assert list(bars.lines[0].get_ydata()) == [peak.per_param[1]]
+    solid, dotted = line.lines
+    assert list(solid.get_ydata()) == [10 / N, 20 / N] and list(dotted.get_ydata()) == [20 / N, 30 / N]
