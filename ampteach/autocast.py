@@ -46,8 +46,15 @@ threads that run torch.autocast.
 
 Beyond torch: record=True; fake_cuda=True keeps a CUDA region on without a GPU so that its lists
 run on fake CUDA tensors (reference.fake_cuda()): dtypes and errors are real, numbers are not.
-Not served by ampteach: CUDA's _cudnn_rnn (registered by CUDA builds only; its kernel re-flattens
-cuDNN weight buffers with C++ helpers Python cannot reach), so torch's kernel runs for it.
+
+Known differences from torch.autocast. Not served by ampteach: CUDA's _cudnn_rnn (registered by
+CUDA builds only; its kernel re-flattens cuDNN weight buffers with C++ helpers Python cannot reach),
+so torch's kernel runs for it. Where torch leaves its state behind, ampteach restores it: a
+non-bool cache_enabled raises torch's TypeError before anything is switched on (torch's region has
+by then switched autocast on and counted itself), and a region used as a decorator restores its
+state per call, also in recursion and across threads (torch keeps one saved state per instance, so
+a recursive decorated call leaves autocast on). Errors are torch's types; ampteach's messages say
+more (promote with a foreign half type, banned binary_cross_entropy).
 """
 
 from __future__ import annotations
@@ -110,16 +117,6 @@ _lock = threading.RLock()
 _open = 0                                                # ampteach regions open in all threads
 _library: torch.library.Library | None = None
 _cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(fp32 leaf) -> (leaf, cast): process-wide, as torch's
-
-
-def is_autocast_enabled(device_type: str = "cuda") -> bool:
-    """torch.is_autocast_enabled: the state ampteach regions set is torch's own."""
-    return torch.is_autocast_enabled(device_type)
-
-
-def get_autocast_dtype(device_type: str) -> torch.dtype:
-    """torch.get_autocast_dtype: the dtype lower_precision_fp ops run in on device_type."""
-    return torch.get_autocast_dtype(device_type)
 
 
 def cached_casts() -> int:

@@ -349,11 +349,14 @@ def test_autocast_fast_dtype(impl):
     assert (region(impl, "cpu").fast_dtype, region(impl, "cuda", enabled=False).fast_dtype) == (torch.bfloat16, torch.half)
 
 
+def linear_setup():
+    """The setup torch's grad-mode tests share: the device's autocast dtype, a Linear(2, 2) and 8 inputs."""
+    return torch.get_autocast_dtype("cpu"), torch.nn.Linear(2, 2), torch.randn(8, 2)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_autocast_nograd_caching_issue_158232(impl):
-    dtype = torch.get_autocast_dtype("cpu")
-    model = torch.nn.Linear(2, 2)
-    inp = torch.randn(8, 2)
+    dtype, model, inp = linear_setup()
     with region(impl, "cpu", dtype=dtype):
         with torch.no_grad():
             out1 = model(inp)
@@ -366,9 +369,7 @@ def test_autocast_nograd_caching_issue_158232(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_autocast_inference_mode_interaction(impl):
-    dtype = torch.get_autocast_dtype("cpu")
-    model = torch.nn.Linear(2, 2)
-    inp = torch.randn(8, 2)
+    dtype, model, inp = linear_setup()
     with region(impl, "cpu", dtype=dtype):
         torch.clear_autocast_cache()
         with torch.inference_mode():
@@ -385,9 +386,7 @@ def test_autocast_inference_mode_interaction(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_autocast_caching_still_works_with_gradients(impl):
-    dtype = torch.get_autocast_dtype("cpu")
-    model = torch.nn.Linear(2, 2)
-    inp = torch.randn(8, 2)
+    dtype, model, inp = linear_setup()
     with region(impl, "cpu", dtype=dtype):
         out1, out2, out3 = model(inp), model(inp), model(inp)
         assert all(o.requires_grad and o.grad_fn is not None for o in (out1, out2, out3))
@@ -398,9 +397,7 @@ def test_autocast_caching_still_works_with_gradients(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_autocast_mixed_grad_contexts(impl):
-    dtype = torch.get_autocast_dtype("cpu")
-    model = torch.nn.Linear(2, 2)
-    inp = torch.randn(8, 2)
+    dtype, model, inp = linear_setup()
     with region(impl, "cpu", dtype=dtype):
         with torch.no_grad():
             out1 = model(inp)
