@@ -160,17 +160,39 @@ class MasterWeights:
                 {"params": model[1].parameters(), "weight_decay": 0.1},
                 {"params": model[3].parameters(), "lr": 1e-4},
             ]), lr=1e-3)
-        Each group keeps its options; a plain iterable of parameters makes one group.
+            opt = torch.optim.AdamW(master.param_groups(model.named_parameters()))   # names kept
+        Takes what torch.optim takes (parameters, (name, parameter) pairs, dicts with "params" and
+        options; a plain iterable makes one group) and refuses what it refuses, with its exception types.
         """
+        if isinstance(groups, torch.Tensor):
+            raise TypeError("param_groups() takes an iterable of parameters or of dicts (as torch.optim does), "
+                            f"got a single {torch.typename(groups)}: wrap it in a list")
         groups = list(groups)
-        if groups and not isinstance(groups[0], dict):
+        if not groups:
+            raise ValueError("param_groups() got an empty parameter list (torch.optim refuses one too)")
+        if not isinstance(groups[0], dict):
             groups = [{"params": groups}]
-        out = []
-        for group in groups:
-            params = group["params"]
-            params = [params] if isinstance(params, torch.Tensor) else list(params)
-            out.append({**group, "params": [self.master_of(p) for p in params]})
-        return out
+        return [self._master_group(group) for group in groups]
+
+    def _master_group(self, group) -> dict:
+        """One param group with every model parameter (or (name, parameter) pair) replaced by its master."""
+        if not isinstance(group, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(group)}: once one group is a dict "
+                            "{'params': ...}, every element of the list must be one")
+        params = group["params"]
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        elif isinstance(params, set):
+            raise TypeError("optimizer parameters need to be organized in ordered collections, but the ordering "
+                            "of tensors in sets will change between runs. Please use a list instead.")
+        masters = [(p[0], self._master_of_param(p[1])) if isinstance(p, tuple) else self._master_of_param(p)
+                   for p in params]
+        return {**group, "params": masters}
+
+    def _master_of_param(self, param) -> torch.Tensor:
+        if not isinstance(param, torch.Tensor):
+            raise TypeError(f"optimizer can only optimize Tensors, but one of the params is {torch.typename(param)}")
+        return self.master_of(param)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """A snapshot of model.state_dict() with the fp32 master values in place of the half parameters.

@@ -36,8 +36,8 @@ from typing import Any
 import torch
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
-BUCKET_NUMEL = 1 << 19   # smaller gradients are checked together in flat copies of at most this many elements
-UNSCALABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)   # what torch's kernel takes
+BUCKET_NUMEL = 1 << 15   # smaller gradients are checked together, copied into a buffer of this many elements
+UNSCALABLE_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})   # what torch's kernel takes
 
 _FIX = "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration."
 _FP16_GRADS = (
@@ -65,11 +65,14 @@ def _refresh_per_optimizer_state() -> dict[str, Any]:
 
 
 class _PerDevice:
-    """Copies of one tensor, made lazily, one per device asked for (torch's _MultiDeviceReplicator)."""
+    """Copies of one tensor, made lazily, one per device asked for (torch's _MultiDeviceReplicator).
 
-    def __init__(self, tensor: torch.Tensor) -> None:
+    own_device=True serves the tensor itself on its own device (for a tensor made for this one use).
+    """
+
+    def __init__(self, tensor: torch.Tensor, own_device: bool = False) -> None:
         self.tensor = tensor
-        self.copies: dict[torch.device, torch.Tensor] = {}
+        self.copies: dict[torch.device, torch.Tensor] = {tensor.device: tensor} if own_device else {}
 
     def get(self, device: torch.device) -> torch.Tensor:
         if device not in self.copies:
@@ -84,56 +87,54 @@ def non_finite_check_and_unscale_(grads: list[torch.Tensor], found_inf: torch.Te
         non_finite_check_and_unscale_(grads, found_inf, inv_scale)   # found_inf: 1-element float32, on grads' device
 
     found_inf <- 1.0 if any element of grads is inf or NaN (read BEFORE unscaling), else left as it is;
-    then every grad <- grad * inv_scale, in place (inv_scale None: check only). One pass reads the
-    gradients for the check: aminmax (both extremes, NaN if any NaN) of each gradient of at least
-    BUCKET_NUMEL elements, and of the smaller ones copied together into one reused buffer of at most
-    BUCKET_NUMEL elements (one reduction for many small tensors; extra memory bounded by the buffer,
-    whatever the model's size).
+    then every grad <- grad * inv_scale, in place (inv_scale None: check only). The check is one
+    aminmax per gradient (min and max: +-inf shows in one of them, a NaN in both), except that the
+    small ones (fewer than BUCKET_NUMEL elements, most of a model's tensors) are first copied together
+    into one reused buffer of BUCKET_NUMEL elements: one reduction for many tensors, extra memory
+    bounded by the buffer whatever the model's size, and no reduction big enough to be split across
+    threads (torch's own kernel is one pass per tensor on one thread).
     """
     if found_inf.numel() != 1 or found_inf.dtype != torch.float32:
         raise RuntimeError(f"found_inf must be a 1-element float tensor, got {found_inf.dtype} of shape "
                            f"{tuple(found_inf.shape)}: pass torch.zeros((), device=...) and read it afterwards")
-    for grad in grads:
-        if grad.dtype not in UNSCALABLE_DTYPES:
-            raise NotImplementedError(
-                f"cannot unscale {grad.dtype} gradients (torch's kernel neither): loss scaling serves real "
-                f"float16/bfloat16/float32/float64 gradients. Keep {grad.dtype} parameters out of this "
-                f"optimizer, or check and scale their gradients yourself.")
+    dtypes = {grad.dtype for grad in grads}
+    for dtype in dtypes - UNSCALABLE_DTYPES:
+        raise NotImplementedError(
+            f"cannot unscale {dtype} gradients (torch's kernel neither): loss scaling serves real "
+            f"float16/bfloat16/float32/float64 gradients. Keep {dtype} parameters out of this "
+            f"optimizer, or check and scale their gradients yourself.")
     extremes: list[torch.Tensor] = []
-    buckets = _buckets(grads)
     buffer = None
-    for bucket, numel in buckets:
-        if len(bucket) == 1:
-            flat = bucket[0]
-        else:   # one buffer for all buckets: a fresh allocation per bucket fragments the heap (+200 MB peak)
-            if buffer is None:
-                dtype = functools.reduce(torch.promote_types, (g.dtype for g in grads))
-                buffer = torch.empty(max(n for _, n in buckets), dtype=dtype, device=grads[0].device)
-            flat = torch.cat(list(map(torch.flatten, bucket)), out=buffer[:numel])
-        extremes += torch.aminmax(flat)
+    for bucket, numel in _buckets(grads):
+        if numel >= BUCKET_NUMEL:      # one big gradient: no copy
+            extremes += torch.aminmax(bucket[0])
+            continue
+        if buffer is None:             # one buffer for all buckets: an allocation per bucket fragments the heap
+            dtype = functools.reduce(torch.promote_types, dtypes)
+            buffer = torch.empty(BUCKET_NUMEL, dtype=dtype, device=grads[0].device)
+        extremes += torch.aminmax(torch.cat(bucket, out=buffer[:numel]))
     if extremes:
         found_inf.masked_fill_(~torch.stack(extremes).isfinite().all(), 1.0)
     if inv_scale is not None:
         if inv_scale.numel() != 1 or inv_scale.dtype != torch.float32:
             raise RuntimeError(f"inv_scale must be a 1-element float tensor, got {inv_scale.dtype} of shape "
                                f"{tuple(inv_scale.shape)}")
-        torch._foreach_mul_(grads, inv_scale.reshape(()))   # g * fp32(1/S), computed in g's dtype
+        torch._foreach_mul_(grads, inv_scale.reshape(()) if inv_scale.dim() else inv_scale)   # g * fp32(1/S)
 
 
 def _buckets(grads: list[torch.Tensor]) -> list[tuple[list[torch.Tensor], int]]:
-    """(tensors, their numel) for the check: a big tensor alone, small ones together up to BUCKET_NUMEL; no empties."""
+    """(tensors, their numel) for the check: a big tensor alone, small ones flattened and together up to BUCKET_NUMEL; no empties."""
     buckets: list[tuple[list[torch.Tensor], int]] = []
     small: list[torch.Tensor] = []
     filled = 0
-    for grad in grads:
-        n = grad.numel()
+    for grad, n in zip(grads, map(torch.Tensor.numel, grads)):
         if n >= BUCKET_NUMEL:
             buckets.append(([grad], n))
         elif n:
             if filled + n > BUCKET_NUMEL:
                 buckets.append((small, filled))
                 small, filled = [], 0
-            small.append(grad)
+            small.append(torch.flatten(grad))
             filled += n
     if small:
         buckets.append((small, filled))
@@ -302,30 +303,31 @@ class _LossScaler:
                         found_inf: torch.Tensor, allow_fp16: bool) -> dict[torch.device, torch.Tensor]:
         """Check (and, given inv_scale, unscale) every gradient the optimizer holds, grouped by device and dtype.
 
-        Returns {device: found_inf copy on it}, empty when no parameter has a gradient. fp16 sparse
-        gradients are coalesced first (in .grad): duplicate entries may overflow only once summed.
+        Returns {device: found_inf on it}, empty when no parameter has a gradient: found_inf itself on
+        its own device (updated in place), copies on the others. fp16 sparse gradients are coalesced
+        first (in .grad): duplicate entries may overflow only once summed.
         """
-        inv_scales = None if inv_scale is None else _PerDevice(inv_scale)
-        found_infs = _PerDevice(found_inf)
-        grouped: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(lambda: defaultdict(list))
+        inv_scales = None if inv_scale is None else _PerDevice(inv_scale, own_device=True)
+        found_infs = _PerDevice(found_inf, own_device=True)
+        grouped: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
         with torch.no_grad():
             for group in optimizer.param_groups:
                 for param in group["params"]:
                     grad = param.grad
                     if grad is None:
                         continue
-                    if grad.dtype == torch.float16 and not allow_fp16:
+                    dtype = grad.dtype
+                    if dtype is torch.float16 and not allow_fp16:
                         raise ValueError(_FP16_GRADS)
                     if grad.is_sparse:
-                        if grad.dtype == torch.float16:
+                        if dtype is torch.float16:
                             param.grad = grad = grad.coalesce()
                         grad = grad._values()
-                    grouped[grad.device][grad.dtype].append(grad)
-            for device, by_dtype in grouped.items():
-                for grads in by_dtype.values():
-                    non_finite_check_and_unscale_(grads, found_infs.get(device),
-                                                  None if inv_scales is None else inv_scales.get(device))
-        return found_infs.copies
+                    grouped[grad.device, dtype].append(grad)
+            for (device, _), grads in grouped.items():
+                non_finite_check_and_unscale_(grads, found_infs.get(device),
+                                              None if inv_scales is None else inv_scales.get(device))
+        return {device: found_infs.copies[device] for device, _ in grouped}
 
     # -- the machinery ---------------------------------------------------------------------------------
 
@@ -502,7 +504,7 @@ class GradScaler(_LossScaler):
         if not found_infs:
             raise AssertionError("No inf checks were recorded prior to update(). Call scaler.step(optimizer) "
                                  "(or scaler.unscale_(optimizer)) on every optimizer before update().")
-        found_inf = torch.stack(found_infs).sum() if len(found_infs) > 1 else found_infs[0]
+        found_inf = functools.reduce(torch.add, found_infs)   # any optimizer's inf/NaN counts
         update_scale_(self._scale, self._growth_tracker, found_inf, self._growth_factor, self._backoff_factor,
                       operator.index(self._growth_interval))
 
@@ -600,13 +602,13 @@ def update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: 
     The products are taken in float64 and rounded once to float32, as torch's kernel does.
     """
     found = found_inf != 0
-    successful = growth_tracker + 1
-    grow = successful == growth_interval
-    grown = (scale.double() * growth_factor).float()
-    backed_off = (scale.double() * backoff_factor).float()
-    new_scale = torch.where(found, backed_off, torch.where(grow & torch.isfinite(grown), grown, scale))
-    scale.copy_(new_scale)
-    growth_tracker.copy_(torch.where(found | grow, 0, successful))
+    growth_tracker.add_(1).masked_fill_(found, 0)             # clean steps in a row
+    grow = growth_tracker == growth_interval
+    s = scale.double()
+    grown = (s * growth_factor).float()
+    backed_off = (s * backoff_factor).float()
+    torch.where(found, backed_off, torch.where(grow & grown.isfinite(), grown, scale), out=scale)
+    growth_tracker.masked_fill_(grow, 0)
 
 
 class StaticLossScaler(_LossScaler):

@@ -1,18 +1,29 @@
-"""Target: ampteach.GradScaler's unscale_ + step + update costs at most ~1.5x torch.amp.GradScaler's.
+"""Target: ampteach.GradScaler's unscale_ + step + update within 1.5x of torch.amp.GradScaler's (CPU).
 
-    python benchmarks/bench_scaler.py            # prints the device, the times and the ratios
+    python benchmarks/bench_scaler.py                # prints the device, the times, the ratios, the verdict
+    python benchmarks/bench_scaler.py --iters 2000   # more iterations: steadier minima on a busy machine
+    python benchmarks/bench_scaler.py --clock wall   # wall-clock time instead of the thread's CPU time
 
-The model has 200 parameter tensors (100 Linear(64, 64) layers, weight + bias each). Two rows:
-"with SGD step" times what a training loop pays (scaler calls + SGD-with-momentum's own step, the
-target); "scaler only" uses an optimizer whose step does nothing, so it isolates the scaler's own
-bookkeeping (torch's is one fused C++ kernel per dtype; ampteach's uses two foreach passes).
-Each time is the median of several repeats of many iterations, alternating the two scalers.
+The model has 200 parameter tensors (100 Linear(64, 64) layers, weight + bias each) with finite
+gradients of size ~2^10. Rows: plain SGD(lr) and SGD with momentum 0.9 (the two targets: what a
+training loop pays, scaler calls plus the optimizer's own step), then the scaler alone (an optimizer
+whose step does nothing), for information: torch checks and unscales each dtype's gradients in one
+fused C++ kernel; ampteach uses ordinary ops (one aminmax over the small gradients copied into a
+buffer, then one _foreach_mul_), so its own cost is higher and the optimizer step dilutes it.
+
+Iterations alternate between torch and ampteach, one at a time (gradients reset outside the clock),
+and a row compares each side's fastest iteration: on a shared machine the fastest run is the one
+least disturbed by other work, so this ratio stays stable where averages swing with the load. The
+clock is the calling thread's CPU time (time.thread_time): it leaves out the time the process waits
+for a core, and misses no work, since every tensor here is below PyTorch's parallel grain size
+(32768 elements) so each op runs on the calling thread. The exit status is 1 when a target is missed.
 """
 
 from __future__ import annotations
 
+import argparse
 import platform
-import statistics
+import sys
 import time
 
 import torch
@@ -21,8 +32,7 @@ from ampteach.scaler import GradScaler
 
 N_LAYERS = 100          # weight + bias each: 200 parameter tensors
 WIDTH = 64
-ITERS = 200
-REPEATS = 7
+TARGET = 1.5
 
 
 class NoStep(torch.optim.Optimizer):
@@ -35,6 +45,13 @@ class NoStep(torch.optim.Optimizer):
         return None
 
 
+OPTIMIZERS = {   # row label -> (optimizer factory, is it a target?)
+    "plain SGD(lr)": (lambda ps: torch.optim.SGD(ps, lr=1e-3), True),
+    "SGD momentum 0.9": (lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9), True),
+    "scaler only": (NoStep, False),
+}
+
+
 def make_params() -> list[torch.nn.Parameter]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(N_LAYERS)])
@@ -43,47 +60,53 @@ def make_params() -> list[torch.nn.Parameter]:
     return params
 
 
-def time_scaler(scaler, params, optimizer, grads) -> float:
-    """Seconds per iteration of scale + unscale_ + step + update (gradients reset outside the clock)."""
-    loss = torch.ones(())
-    total = 0.0
-    for _ in range(ITERS):
-        for p, g in zip(params, grads):
-            p.grad.copy_(g)
-        scaler.scale(loss)
-        t0 = time.perf_counter()
-        scaler.unscale_(optimizer)
-        scaler.step(optimizer)
-        scaler.update()
-        total += time.perf_counter() - t0
-    return total / ITERS
+CLOCKS = {"thread": time.thread_time, "wall": time.perf_counter}
 
 
-def compare(make_optimizer, label: str) -> float:
+def fastest_iterations(make_optimizer, iters: int, clock) -> dict[str, float]:
+    """Fastest unscale_ + step + update (seconds) of each scaler, iterations alternating between them."""
     params = make_params()
     grads = [torch.randn_like(p) * 2.0**10 for p in params]
     for p in params:
         p.grad = torch.zeros_like(p)
     optimizer = make_optimizer(params)
     scalers = {"torch": torch.amp.GradScaler("cpu"), "ampteach": GradScaler("cpu")}
-    times: dict[str, list[float]] = {name: [] for name in scalers}
-    for _ in range(REPEATS):
+    best = {name: float("inf") for name in scalers}
+    loss = torch.ones(())
+    for _ in range(iters):
         for name, scaler in scalers.items():
-            times[name].append(time_scaler(scaler, params, optimizer, grads))
-    t_torch, t_ours = statistics.median(times["torch"]), statistics.median(times["ampteach"])
-    ratio = t_ours / t_torch
-    print(f"{label:<16} torch {t_torch * 1e6:8.1f} us   ampteach {t_ours * 1e6:8.1f} us   ratio {ratio:.2f}x")
-    return ratio
+            for p, g in zip(params, grads):
+                p.grad.copy_(g)
+            scaler.scale(loss)
+            t0 = clock()
+            scaler.unscale_(optimizer)
+            scaler.step(optimizer)
+            scaler.update()
+            best[name] = min(best[name], clock() - t0)
+    return best
 
 
-def main() -> None:
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=600, help="iterations per scaler and row (default 600)")
+    parser.add_argument("--clock", choices=CLOCKS, default="thread", help="thread CPU time (default) or wall time")
+    args = parser.parse_args()
     print(f"device: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; {2 * N_LAYERS} parameter tensors")
-    ratio = compare(lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9), "with SGD step")
-    compare(NoStep, "scaler only")
-    verdict = "meets" if ratio <= 1.5 else "MISSES"
-    print(f"target: unscale_ + step + update at most ~1.5x torch's -> {verdict} ({ratio:.2f}x)")
+          f"{torch.get_num_threads()} threads; {2 * N_LAYERS} parameter tensors; fastest of {args.iters} "
+          f"alternating iterations, {args.clock} clock")
+    missed = []
+    for label, (make_optimizer, is_target) in OPTIMIZERS.items():
+        best = fastest_iterations(make_optimizer, args.iters, CLOCKS[args.clock])
+        ratio = best["ampteach"] / best["torch"]
+        verdict = (f"target <= {TARGET}x: {'met' if ratio <= TARGET else 'MISSED'}" if is_target
+                   else "(information)")
+        print(f"{label:<18} torch {best['torch'] * 1e6:8.1f} us   ampteach {best['ampteach'] * 1e6:8.1f} us   "
+              f"ratio {ratio:.2f}x   {verdict}")
+        if is_target and ratio > TARGET:
+            missed.append(label)
+    print("all targets met" if not missed else f"targets missed: {', '.join(missed)}")
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -374,3 +374,48 @@ def test_param_groups_accepts_a_plain_list_and_refuses_a_foreign_parameter():
     assert all(a is b for a, b in zip(group["params"], master.params))
     with pytest.raises(ValueError, match="not a trainable parameter"):
         master.param_groups([nn.Parameter(torch.ones(2))])
+
+
+# -- param_groups takes what torch.optim takes, and refuses what it refuses ---------------------------------
+
+GROUP_STRUCTURES = {   # written with the model's own parameters, as for an fp32 model's optimizer
+    "parameters": lambda m: m.parameters(),
+    "named_parameters": lambda m: m.named_parameters(),
+    "named, in groups": lambda m: [{"params": m[1].named_parameters(), "lr": 0.5},
+                                   {"params": m[3].named_parameters(), "momentum": 0.9}],
+    "a tensor as a group's params": lambda m: [{"params": m[1].weight}, {"params": [m[1].bias]}],
+    "mixed list, dict first": lambda m: [{"params": m[1].weight}, m[1].bias],
+    "mixed list, tensor first": lambda m: [m[1].bias, {"params": m[1].weight}],
+    "a set": lambda m: [{"params": {m[1].weight}}],
+    "a tensor alone": lambda m: m[1].weight,
+    "empty": lambda m: [],
+    "no params key": lambda m: [{"lr": 0.1}],
+    "some names missing": lambda m: [("w", m[1].weight), m[1].bias],
+    "named and unnamed groups": lambda m: [{"params": m[1].named_parameters()}, {"params": m[3].parameters()}],
+    "a number among them": lambda m: [m[1].weight, 3.0],
+}
+
+
+def optimizer_or_error(make):
+    try:
+        return make()
+    except Exception as error:   # noqa: BLE001 (the type is the result)
+        return type(error)
+
+
+@pytest.mark.parametrize("structure", GROUP_STRUCTURES)
+def test_param_groups_takes_what_torch_optim_takes_and_refuses_what_it_refuses(structure):
+    model = to_half(ampteach.mlp((8, 8)))
+    master = MasterWeights(model)
+    make = GROUP_STRUCTURES[structure]
+    ref = optimizer_or_error(lambda: torch.optim.SGD(make(model), lr=0.1))
+    ours = optimizer_or_error(lambda: torch.optim.SGD(master.param_groups(make(model)), lr=0.1))
+    if isinstance(ref, type):
+        assert ours is ref, f"torch.optim raised {ref.__name__}, param_groups gave {ours}"
+        return
+    assert len(ours.param_groups) == len(ref.param_groups)
+    for group, ref_group in zip(ours.param_groups, ref.param_groups):
+        assert {k: v for k, v in group.items() if k != "params"} == {k: v for k, v in ref_group.items() if k != "params"}
+        assert [id(p) for p in group["params"]] == [id(master.master_of(p)) for p in ref_group["params"]]
+        assert all(p.dtype == torch.float32 for p in group["params"])
+    assert ours.state_dict()["param_groups"] == ref.state_dict()["param_groups"]   # param_names included
