@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .mx import ELEMENT_FORMATS, MXTensor, mx_dequantize, mx_fake_quantize, mx_quantize
+from .mx import ELEMENT_FORMATS, MXTensor, check_options, mx_dequantize, mx_fake_quantize, mx_quantize
 
 __all__ = ["FP8_DTYPES", "RECIPES", "quantize_tensorwise", "dequantize", "DelayedScaling", "mx_quantize",
            "mx_dequantize", "mx_fake_quantize", "MXTensor", "Float8Linear", "convert_to_float8_training", "ELEMENT_FORMATS"]
@@ -162,7 +162,7 @@ class _MX:
     def __init__(self, scale_rounding: str = "rceil", block_size: int = 32, elements: dict[str, str] | None = None):
         self.scale_rounding, self.block_size = scale_rounding, block_size
         self.elements = {**HYBRID, **(elements or {})}
-        mx_fake_quantize(torch.zeros(1), "fp8_e4m3", block_size, scale_rounding)   # refuse bad options now
+        check_options(block_size, scale_rounding)
         unknown = set(self.elements.values()) - set(ELEMENT_FORMATS)
         if unknown or set(self.elements) != set(HYBRID):
             raise ValueError(f"elements maps the roles {list(HYBRID)} to MX element formats "

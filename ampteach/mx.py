@@ -102,10 +102,10 @@ def round_to_element(v: Tensor, elem: ElementFormat | str) -> Tensor:
     |v| ~ n * 2^(E - M), n = round_half_even(|v| / 2^(E - M)), E = max(floor(log2 |v|), emin)
     """
     fmt = element_format(elem)
-    magnitude = v.float().abs().clamp(max=fmt.max)         # saturate first: max is on the grid
+    magnitude = v.float().abs().clamp_(max=fmt.max)        # saturate first: max is on the grid
     exponent = (_exponent_field(magnitude) - 127).clamp_(min=fmt.emin)   # E: below emin, fmt's subnormals
-    step = (exponent - fmt.man_bits + 127).bitwise_left_shift_(23).view(torch.float32)   # 2^(E - M), exactly
-    return torch.round(magnitude / step).mul_(step).copysign_(v)   # torch.round: halves to even; NaN stays
+    step = exponent.add_(127 - fmt.man_bits).bitwise_left_shift_(23).view(torch.float32)   # 2^(E - M), exactly
+    return magnitude.div_(step).round_().mul_(step).copysign_(v)   # round: halves to even; NaN stays NaN
 
 
 def element_codes(values: Tensor, elem: ElementFormat | str) -> Tensor:
@@ -190,13 +190,18 @@ def mx_fake_quantize(x: Tensor, elem: ElementFormat | str = "fp8_e4m3", block_si
     return (rounded * _scales(exponent).unsqueeze(-1)).flatten(-2)[..., : x.shape[-1]]
 
 
-def _quantize_blocks(x: Tensor, fmt: ElementFormat, block_size: int, scale_rounding: str) -> tuple[Tensor, Tensor]:
-    """Block exponents (128 where the block holds inf or NaN) and the rounded elements, (..., n_blocks, block_size)."""
+def check_options(block_size: int, scale_rounding: str) -> None:
+    """Raise if block_size or scale_rounding is not one mx_quantize takes."""
     if scale_rounding not in SCALE_ROUNDINGS:
         raise ValueError(f"scale_rounding must be 'floor' (the OCP spec) or 'rceil' (Transformer Engine, "
                          f"cuBLAS), got {scale_rounding!r}")
     if not (isinstance(block_size, int) and block_size >= 1):
         raise ValueError(f"block_size must be a positive int (the OCP spec uses 32), got {block_size!r}")
+
+
+def _quantize_blocks(x: Tensor, fmt: ElementFormat, block_size: int, scale_rounding: str) -> tuple[Tensor, Tensor]:
+    """Block exponents (128 where the block holds inf or NaN) and the rounded elements, (..., n_blocks, block_size)."""
+    check_options(block_size, scale_rounding)
     if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() == 0:
         got = f"a {x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
         raise TypeError(f"mx_quantize takes a floating-point tensor with at least one dimension, got {got}")
@@ -205,7 +210,10 @@ def _quantize_blocks(x: Tensor, fmt: ElementFormat, block_size: int, scale_round
     finite = torch.isfinite(amax)
     exponent = torch.where(finite, shared_exponent(amax, fmt, scale_rounding), E8M0_NAN - E8M0_BIAS)
     scaled = blocks / _scales(exponent).unsqueeze(-1)            # exact: a power of two
-    return exponent, torch.where(finite.unsqueeze(-1), round_to_element(scaled, fmt), 0.0)
+    rounded = round_to_element(scaled, fmt)
+    if not finite.all():
+        rounded = torch.where(finite.unsqueeze(-1), rounded, 0.0)
+    return exponent, rounded
 
 
 def mx_dequantize(mx: MXTensor) -> Tensor:
