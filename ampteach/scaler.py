@@ -115,7 +115,7 @@ def non_finite_check_and_unscale_(grads: list[torch.Tensor], found_inf: torch.Te
         extremes += torch.aminmax(torch.cat(bucket, out=buffer[:numel]))
     if extremes:
         found_inf.masked_fill_(~torch.stack(extremes).isfinite().all(), 1.0)
-    if inv_scale is not None:
+    if inv_scale is not None and grads:
         if inv_scale.numel() != 1 or inv_scale.dtype != torch.float32:
             raise RuntimeError(f"inv_scale must be a 1-element float tensor, got {inv_scale.dtype} of shape "
                                f"{tuple(inv_scale.shape)}")

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from ampteach.scaler import BUCKET_NUMEL, FLOAT32_MAX, GradScaler
+from ampteach.scaler import BUCKET_NUMEL, FLOAT32_MAX, GradScaler, non_finite_check_and_unscale_
 
 INF, NAN = math.inf, math.nan
 IMPLS = {"torch": torch.amp.GradScaler, "ampteach": GradScaler}
@@ -243,6 +243,53 @@ def test_unscale_needs_no_full_size_temporary(n_tensors, numel):
     ours = peak_rise_mib("ampteach", n_tensors, numel)
     ref = peak_rise_mib("torch", n_tensors, numel)
     assert ours <= ref + bucket_mib + 4, (ours, ref)   # 4 MiB: allocator and page-rounding slack
+
+
+# -- the check-and-unscale kernel, against torch's -----------------------------------------------------------
+
+
+def kernel_both(make_grads, inv_scale):
+    """(found_inf, bits of every grad) after ampteach's kernel and after torch's, on equal copies."""
+    results = []
+    for kernel in (non_finite_check_and_unscale_, torch._amp_foreach_non_finite_check_and_unscale_):
+        grads, found = make_grads(), torch.zeros(())
+        kernel(grads, found, torch.tensor(inv_scale))
+        results.append((found.item(), [bits(g) for g in grads]))
+    return results
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 3 * BUCKET_NUMEL // 2), max_size=10),   # small ones share buckets, big ones not
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.float16]),
+    strided=st.booleans(),
+    bad=st.lists(st.tuples(st.integers(0, 9), st.floats(0, 1, exclude_max=True), st.sampled_from([INF, -INF, NAN])),
+                 max_size=3),
+    inv_scale=st.sampled_from([1.0, 0.25, 2.0**-16, 3.0, 2.0**-126, INF, 0.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_check_and_unscale_kernel_matches_torchs_bit_for_bit(sizes, dtype, strided, bad, inv_scale, seed):
+    gen = torch.Generator().manual_seed(seed)
+    base = [torch.randn(2 * n if strided else n, generator=gen).mul(2.0**8).to(dtype) for n in sizes]
+    for index, where, value in bad:
+        if index < len(base) and base[index].numel():
+            base[index][int(where * base[index].numel())] = value
+
+    def make_grads():
+        return [b.clone()[::2] if strided else b.clone() for b in base]   # strided: not contiguous
+
+    ours, ref = kernel_both(make_grads, inv_scale)
+    assert ours == ref
+
+
+@pytest.mark.parametrize("make_grads", [
+    lambda: [], lambda: [torch.zeros(0), torch.zeros(0, 3)], lambda: [torch.tensor(2.0), torch.tensor(-INF)],
+    lambda: [torch.arange(60000.0).reshape(300, 200).t(), torch.ones(5)],
+    lambda: [torch.ones(3), torch.ones(3, dtype=torch.float16)],
+], ids=["empty list", "empty tensors", "0-d", "big transposed", "mixed dtypes"])
+def test_check_and_unscale_kernel_takes_torchs_odd_lists(make_grads):
+    ours, ref = kernel_both(make_grads, 0.5)
+    assert ours == ref
 
 
 # -- sparse fp16 gradients are coalesced before the check ------------------------------------------------------
