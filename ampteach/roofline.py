@@ -40,16 +40,28 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def best_seconds(fn: Callable[[], object], device: str = "cpu", min_seconds: float = 0.2) -> float:
+def best_seconds(fn: Callable[[], object], device: str = "cpu", min_seconds: float = 0.2, clock: str = "wall") -> float:
     """The fastest of repeated calls of fn, in seconds (one warm-up call first, then calls until min_seconds
     have passed, at least 3): noise from other processes only ever slows a call down. A call that takes
-    longer than min_seconds is timed once, warm-up included: its one-time costs are small beside it."""
+    longer than min_seconds is timed once, warm-up included: its one-time costs are small beside it.
+
+    clock="cpu" times the calling thread's CPU time instead of the wall clock: on a shared machine the time
+    other processes take the core away then no longer counts. It needs one torch thread (the work must run
+    in the calling thread) and a CPU device."""
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
+    if clock == "cpu" and (device != "cpu" or torch.get_num_threads() != 1):
+        raise ValueError(f"clock='cpu' counts the calling thread only, but torch uses {torch.get_num_threads()} threads "
+                         f"on {device!r}: call torch.set_num_threads(1) (or set OMP_NUM_THREADS=1) and use the CPU, "
+                         f"or time with clock='wall'")
+
     def timed() -> float:
+        now = time.perf_counter if clock == "wall" else time.thread_time
         _sync(device)
-        start = time.perf_counter()
+        start = now()
         fn()
         _sync(device)
-        return time.perf_counter() - start
+        return now() - start
 
     first = timed()
     if first >= min_seconds:
@@ -61,20 +73,20 @@ def best_seconds(fn: Callable[[], object], device: str = "cpu", min_seconds: flo
     return best
 
 
-def matmul_seconds(n: int, dtype: torch.dtype, device: str = "cpu", min_seconds: float = 0.2) -> float:
+def matmul_seconds(n: int, dtype: torch.dtype, device: str = "cpu", min_seconds: float = 0.2, clock: str = "wall") -> float:
     """Best time of one (n x n) @ (n x n) matmul in dtype on device."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    out = torch.empty(n, n, device=device, dtype=dtype)
-    return best_seconds(lambda: torch.mm(a, b, out=out), device, min_seconds)
+    out = torch.zeros(n, n, device=device, dtype=dtype)  # touched: no page faults in the timing
+    return best_seconds(lambda: torch.mm(a, b, out=out), device, min_seconds, clock)
 
 
-def add_seconds(n: int, dtype: torch.dtype, device: str = "cpu", min_seconds: float = 0.2) -> float:
+def add_seconds(n: int, dtype: torch.dtype, device: str = "cpu", min_seconds: float = 0.2, clock: str = "wall") -> float:
     """Best time of one elementwise add of two n x n tensors in dtype on device."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    out = torch.empty(n, n, device=device, dtype=dtype)
-    return best_seconds(lambda: torch.add(a, b, out=out), device, min_seconds)
+    out = torch.zeros(n, n, device=device, dtype=dtype)  # touched: no page faults in the timing
+    return best_seconds(lambda: torch.add(a, b, out=out), device, min_seconds, clock)
 
 
 def intensity(op: str, n: int, dtype: torch.dtype) -> float:
@@ -83,32 +95,33 @@ def intensity(op: str, n: int, dtype: torch.dtype) -> float:
     return (2 * n**3 if op == "matmul" else n * n) / nbytes
 
 
-def measure(op: str, n: int, dtype_name: str, device: str = "cpu", min_seconds: float = 0.2) -> dict:
+def measure(op: str, n: int, dtype_name: str, device: str = "cpu", min_seconds: float = 0.2, clock: str = "wall") -> dict:
     """One row of the table: {op, dtype, size, gflops, intensity, seconds}."""
     dtype = DTYPES[dtype_name]
     timer = matmul_seconds if op == "matmul" else add_seconds
-    seconds = timer(n, dtype, device, min_seconds)
+    seconds = timer(n, dtype, device, min_seconds, clock)
     flops = 2 * n**3 if op == "matmul" else n * n
     return {"op": op, "dtype": dtype_name, "size": n, "gflops": flops / seconds / 1e9,
             "intensity": intensity(op, n, dtype), "seconds": seconds}
 
 
-def copy_bandwidth(device: str = "cpu", mib: int | None = None, min_seconds: float = 0.2) -> float:
+def copy_bandwidth(device: str = "cpu", mib: int | None = None, min_seconds: float = 0.2, clock: str = "wall") -> float:
     """GB/s of dst.copy_(src) on a buffer far larger than the caches, counting the bytes read and written."""
     n = (mib or COPY_MIB[device]) * 2**20 // 4
     src = torch.ones(n, device=device)
-    dst = torch.empty_like(src)
-    return 2 * src.nbytes / best_seconds(lambda: dst.copy_(src), device, min_seconds) / 1e9
+    dst = torch.zeros_like(src)  # touched now, so the first timed copy does not pay for page faults
+    return 2 * src.nbytes / best_seconds(lambda: dst.copy_(src), device, min_seconds, clock) / 1e9
 
 
 def roofline_table(device: str = "cpu", sizes: tuple[int, ...] | None = None, dtypes: tuple[str, ...] = tuple(DTYPES),
                    ops: tuple[str, ...] = ("matmul",), min_seconds: float = 0.2, max_seconds: float | None = None,
-                   copy_mib: int | None = None) -> dict:
+                   copy_mib: int | None = None, clock: str = "wall") -> dict:
     """Every (op, dtype, size) measured on device, plus the measured roofs; returns
     {"device", "settings", "peaks": {"bandwidth_gbs", "compute_gflops": {dtype: best matmul GFLOP/s}}, "rows", "skipped"}.
 
     max_seconds: once one call of a dtype takes longer than this, its larger sizes are skipped (and listed
     under "skipped"): a format this machine can only emulate can take minutes per matmul.
+    clock: "wall", or "cpu" for one thread's CPU time on a shared machine (see best_seconds).
     """
     from .bench import describe_device, resolve_device
 
@@ -127,17 +140,17 @@ def roofline_table(device: str = "cpu", sizes: tuple[int, ...] | None = None, dt
                 if too_slow:
                     skipped.append({"op": op, "dtype": name, "size": n, "why": f"a smaller size took over {max_seconds} s"})
                     continue
-                rows.append(measure(op, n, name, dev, min_seconds))
+                rows.append(measure(op, n, name, dev, min_seconds, clock))
                 too_slow = max_seconds is not None and rows[-1]["seconds"] > max_seconds
     matmuls = [r for r in rows if r["op"] == "matmul"]
-    peaks = {"bandwidth_gbs": copy_bandwidth(dev, copy_mib, min_seconds),
+    peaks = {"bandwidth_gbs": copy_bandwidth(dev, copy_mib, min_seconds, clock),
              "compute_gflops": {d: max(r["gflops"] for r in matmuls if r["dtype"] == d)
                                 for d in dtypes if any(r["dtype"] == d for r in matmuls)}}
     info = describe_device(torch.device(dev))
     if dev == "cuda":
         info["matmul_allow_tf32"] = torch.backends.cuda.matmul.allow_tf32  # fp32 rows are TF32 when True
     settings = {"sizes": list(sizes), "dtypes": list(dtypes), "ops": list(ops), "min_seconds": min_seconds,
-                "max_seconds": max_seconds, "copy_mib": copy_mib or COPY_MIB[dev]}
+                "max_seconds": max_seconds, "copy_mib": copy_mib or COPY_MIB[dev], "clock": clock}
     return {"device": info, "settings": settings, "peaks": peaks, "rows": rows, "skipped": skipped}
 
 
@@ -155,7 +168,8 @@ def format_table(table: dict) -> str:
     """GFLOP/s per size and dtype (and vs fp32), then the measured roofs."""
     dev, peaks = table["device"], table["peaks"]
     dtypes = table["settings"]["dtypes"]
-    lines = [f"{dev['name']} ({dev['type']}), torch {dev['torch']}, {dev.get('threads', '?')} threads"]
+    clock = "" if table["settings"].get("clock", "wall") == "wall" else ", timed by CPU time"
+    lines = [f"{dev['name']} ({dev['type']}), torch {dev['torch']}, {dev.get('threads', '?')} threads{clock}"]
     for op in table["settings"]["ops"]:
         lines.append(f"{op:7s} {'n':>5s} " + " ".join(f"{d + ' GFLOP/s':>13s}" for d in dtypes)
                      + "".join(f" {d + '/fp32':>10s}" for d in dtypes if d != "fp32"))
@@ -227,6 +241,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--min-seconds", type=float, default=0.2, help="timing window per measurement")
     parser.add_argument("--max-seconds", type=float, default=20.0,
                         help="skip a dtype's larger sizes once one matmul takes longer than this (emulated formats)")
+    parser.add_argument("--clock", default="wall", choices=("wall", "cpu"),
+                        help="cpu: time one thread's CPU time (with OMP_NUM_THREADS=1), for a shared machine")
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON")
 
 
@@ -236,7 +252,8 @@ def run(args) -> int:
     try:
         sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else None
         ops = ("matmul", "add") if args.add else ("matmul",)
-        table = roofline_table(args.device, sizes, tuple(args.dtypes.split(",")), ops, args.min_seconds, args.max_seconds)
+        table = roofline_table(args.device, sizes, tuple(args.dtypes.split(",")), ops, args.min_seconds, args.max_seconds,
+                               clock=args.clock)
     except (ValueError, RuntimeError) as exc:
         print(f"ampteach roofline: {exc}")
         return 2

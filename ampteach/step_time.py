@@ -56,24 +56,24 @@ def make_step(model: nn.Module, data: Preloaded, precision: str = "fp32", batch_
 
 def step_throughput(model: nn.Module, data: Preloaded, precision: str = "fp32", batch_size: int = 256,
                     min_seconds: float = 0.3, optimizer: torch.optim.Optimizer | None = None,
-                    warmup_batch: int | None = 8) -> float:
+                    warmup_batch: int | None = 8, clock: str = "wall") -> float:
     """Training samples per second: batch_size / the fastest step (roofline.best_seconds).
 
     A first step on warmup_batch samples creates the optimizer's state and the kernels; pass None to warm up
-    on a full batch (torch.compile compiles for the shapes it sees first)."""
+    on a full batch (torch.compile compiles for the shapes it sees first). clock: see roofline.best_seconds."""
     step = make_step(model, data, precision, batch_size, optimizer)
     step(warmup_batch)
-    return batch_size / best_seconds(step, data.device.type, min_seconds)
+    return batch_size / best_seconds(step, data.device.type, min_seconds, clock)
 
 
 def width_sweep(widths: tuple[int, ...], data: Preloaded, precisions: tuple[str, ...] = ("fp32", "bf16"),
-                batch_size: int = 256, min_seconds: float = 0.3, seed: int = 0) -> list[dict]:
+                batch_size: int = 256, min_seconds: float = 0.3, seed: int = 0, clock: str = "wall") -> list[dict]:
     """Rows {width, precision, samples_per_s, speedup_vs_fp32} for the course MLP 784-W-W-10 at each width."""
     rows = []
     for w in widths:
         for precision in precisions:
             seed_everything(seed)
-            speed = step_throughput(mlp((w, w)), data, precision, batch_size, min_seconds)
+            speed = step_throughput(mlp((w, w)), data, precision, batch_size, min_seconds, clock=clock)
             rows.append({"width": w, "precision": precision, "samples_per_s": speed})
     for row in rows:
         base = next((r for r in rows if r["width"] == row["width"] and r["precision"] == "fp32"), None)

@@ -126,3 +126,19 @@ def test_errors_say_what_to_do():
     bad = subprocess.run([sys.executable, "-m", "ampteach", "roofline", "--sizes", "8,x"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "ampteach roofline:" in bad.stdout
+
+
+def test_cpu_clock_needs_one_thread():
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        table = roofline.roofline_table("cpu", sizes=(8, 16), dtypes=("fp32",), min_seconds=0.001, copy_mib=1, clock="cpu")
+        assert table["settings"]["clock"] == "cpu" and all(r["gflops"] > 0 for r in table["rows"])
+        assert "timed by CPU time" in roofline.format_table(table)
+        torch.set_num_threads(2)
+        with pytest.raises(ValueError, match="set_num_threads"):
+            roofline.best_seconds(lambda: None, clock="cpu")
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(ValueError, match="'wall' or 'cpu'"):
+        roofline.best_seconds(lambda: None, clock="gpu")
