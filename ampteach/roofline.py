@@ -40,20 +40,27 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def best_seconds(fn: Callable[[], object], device: str = "cpu", min_seconds: float = 0.2, clock: str = "wall") -> float:
+def resolve_clock(clock: str, device: str = "cpu") -> str:
+    """"auto" -> "cpu" where torch runs on one CPU thread (its CPU time is then the work's own time, whatever
+    else the machine is doing), else "wall"; "cpu" needs exactly that situation."""
+    if clock not in ("auto", "wall", "cpu"):
+        raise ValueError(f"clock must be 'auto', 'wall' or 'cpu', got {clock!r}")
+    one_thread = device == "cpu" and torch.get_num_threads() == 1
+    if clock == "cpu" and not one_thread:
+        raise ValueError(f"clock='cpu' counts the calling thread only, but torch uses {torch.get_num_threads()} threads "
+                         f"on {device!r}: call torch.set_num_threads(1) (or set OMP_NUM_THREADS=1) and use the CPU, "
+                         f"or time with clock='wall'")
+    return clock if clock != "auto" else ("cpu" if one_thread else "wall")
+
+
+def best_seconds(fn: Callable[[], object], device: str = "cpu", min_seconds: float = 0.2, clock: str = "auto") -> float:
     """The fastest of repeated calls of fn, in seconds (one warm-up call first, then calls until min_seconds
     have passed, at least 3): noise from other processes only ever slows a call down. A call that takes
     longer than min_seconds is timed once, warm-up included: its one-time costs are small beside it.
 
-    clock="cpu" times the calling thread's CPU time instead of the wall clock: on a shared machine the time
-    other processes take the core away then no longer counts. It needs one torch thread (the work must run
-    in the calling thread) and a CPU device."""
-    if clock not in ("wall", "cpu"):
-        raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
-    if clock == "cpu" and (device != "cpu" or torch.get_num_threads() != 1):
-        raise ValueError(f"clock='cpu' counts the calling thread only, but torch uses {torch.get_num_threads()} threads "
-                         f"on {device!r}: call torch.set_num_threads(1) (or set OMP_NUM_THREADS=1) and use the CPU, "
-                         f"or time with clock='wall'")
+    clock: "wall", or "cpu" for the calling thread's CPU time (one torch thread on the CPU only), which leaves
+    out the time other processes take the core away; "auto" picks "cpu" wherever it can (resolve_clock)."""
+    clock = resolve_clock(clock, device)
 
     def timed() -> float:
         now = time.perf_counter if clock == "wall" else time.thread_time
@@ -73,7 +80,7 @@ def best_seconds(fn: Callable[[], object], device: str = "cpu", min_seconds: flo
     return best
 
 
-def matmul_seconds(n: int, dtype: torch.dtype, device: str = "cpu", min_seconds: float = 0.2, clock: str = "wall") -> float:
+def matmul_seconds(n: int, dtype: torch.dtype, device: str = "cpu", min_seconds: float = 0.2, clock: str = "auto") -> float:
     """Best time of one (n x n) @ (n x n) matmul in dtype on device."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
@@ -81,7 +88,7 @@ def matmul_seconds(n: int, dtype: torch.dtype, device: str = "cpu", min_seconds:
     return best_seconds(lambda: torch.mm(a, b, out=out), device, min_seconds, clock)
 
 
-def add_seconds(n: int, dtype: torch.dtype, device: str = "cpu", min_seconds: float = 0.2, clock: str = "wall") -> float:
+def add_seconds(n: int, dtype: torch.dtype, device: str = "cpu", min_seconds: float = 0.2, clock: str = "auto") -> float:
     """Best time of one elementwise add of two n x n tensors in dtype on device."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
@@ -95,7 +102,7 @@ def intensity(op: str, n: int, dtype: torch.dtype) -> float:
     return (2 * n**3 if op == "matmul" else n * n) / nbytes
 
 
-def measure(op: str, n: int, dtype_name: str, device: str = "cpu", min_seconds: float = 0.2, clock: str = "wall") -> dict:
+def measure(op: str, n: int, dtype_name: str, device: str = "cpu", min_seconds: float = 0.2, clock: str = "auto") -> dict:
     """One row of the table: {op, dtype, size, gflops, intensity, seconds}."""
     dtype = DTYPES[dtype_name]
     timer = matmul_seconds if op == "matmul" else add_seconds
@@ -105,7 +112,7 @@ def measure(op: str, n: int, dtype_name: str, device: str = "cpu", min_seconds: 
             "intensity": intensity(op, n, dtype), "seconds": seconds}
 
 
-def copy_bandwidth(device: str = "cpu", mib: int | None = None, min_seconds: float = 0.2, clock: str = "wall") -> float:
+def copy_bandwidth(device: str = "cpu", mib: int | None = None, min_seconds: float = 0.2, clock: str = "auto") -> float:
     """GB/s of dst.copy_(src) on a buffer far larger than the caches, counting the bytes read and written."""
     n = (mib or COPY_MIB[device]) * 2**20 // 4
     src = torch.ones(n, device=device)
@@ -115,17 +122,18 @@ def copy_bandwidth(device: str = "cpu", mib: int | None = None, min_seconds: flo
 
 def roofline_table(device: str = "cpu", sizes: tuple[int, ...] | None = None, dtypes: tuple[str, ...] = tuple(DTYPES),
                    ops: tuple[str, ...] = ("matmul",), min_seconds: float = 0.2, max_seconds: float | None = None,
-                   copy_mib: int | None = None, clock: str = "wall") -> dict:
+                   copy_mib: int | None = None, clock: str = "auto") -> dict:
     """Every (op, dtype, size) measured on device, plus the measured roofs; returns
     {"device", "settings", "peaks": {"bandwidth_gbs", "compute_gflops": {dtype: best matmul GFLOP/s}}, "rows", "skipped"}.
 
     max_seconds: once one call of a dtype takes longer than this, its larger sizes are skipped (and listed
     under "skipped"): a format this machine can only emulate can take minutes per matmul.
-    clock: "wall", or "cpu" for one thread's CPU time on a shared machine (see best_seconds).
+    clock: "auto", "wall" or "cpu" (see best_seconds); the table records the one used.
     """
     from .bench import describe_device, resolve_device
 
     dev = resolve_device(device).type
+    clock = resolve_clock(clock, dev)
     bad = [d for d in dtypes if d not in DTYPES] + [o for o in ops if o not in ("matmul", "add")]
     if bad:
         raise ValueError(f"unknown dtypes/ops {bad}: dtypes are {tuple(DTYPES)}, ops are ('matmul', 'add')")
@@ -241,8 +249,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--min-seconds", type=float, default=0.2, help="timing window per measurement")
     parser.add_argument("--max-seconds", type=float, default=20.0,
                         help="skip a dtype's larger sizes once one matmul takes longer than this (emulated formats)")
-    parser.add_argument("--clock", default="wall", choices=("wall", "cpu"),
-                        help="cpu: time one thread's CPU time (with OMP_NUM_THREADS=1), for a shared machine")
+    parser.add_argument("--clock", default="auto", choices=("auto", "wall", "cpu"),
+                        help="cpu: one thread's CPU time (needs OMP_NUM_THREADS=1), for a shared machine; "
+                             "auto: cpu where torch has one thread, else wall")
     parser.add_argument("--out", type=Path, default=None, help="write the table as JSON")
 
 

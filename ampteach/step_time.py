@@ -56,7 +56,7 @@ def make_step(model: nn.Module, data: Preloaded, precision: str = "fp32", batch_
 
 def step_throughput(model: nn.Module, data: Preloaded, precision: str = "fp32", batch_size: int = 256,
                     min_seconds: float = 0.3, optimizer: torch.optim.Optimizer | None = None,
-                    warmup_batch: int | None = 8, clock: str = "wall") -> float:
+                    warmup_batch: int | None = 8, clock: str = "auto") -> float:
     """Training samples per second: batch_size / the fastest step (roofline.best_seconds).
 
     A first step on warmup_batch samples creates the optimizer's state and the kernels; pass None to warm up
@@ -67,7 +67,7 @@ def step_throughput(model: nn.Module, data: Preloaded, precision: str = "fp32", 
 
 
 def width_sweep(widths: tuple[int, ...], data: Preloaded, precisions: tuple[str, ...] = ("fp32", "bf16"),
-                batch_size: int = 256, min_seconds: float = 0.3, seed: int = 0, clock: str = "wall") -> list[dict]:
+                batch_size: int = 256, min_seconds: float = 0.3, seed: int = 0, clock: str = "auto") -> list[dict]:
     """Rows {width, precision, samples_per_s, speedup_vs_fp32} for the course MLP 784-W-W-10 at each width."""
     rows = []
     for w in widths:

@@ -3,7 +3,7 @@ trains the course MLP 784-2048-2048-10 (batch 256, AdamW) at >= 1.5x fp32's samp
 
     python benchmarks/bench_roofline.py              # prints the device, the ratios and each target's status
     python benchmarks/bench_roofline.py --out F.json # also writes the roofline table and the sweep rows
-    OMP_NUM_THREADS=1 python benchmarks/bench_roofline.py --clock cpu   # one core by its CPU time (shared machine)
+    OMP_NUM_THREADS=1 python benchmarks/bench_roofline.py     # one core, timed by its CPU time (shared machine)
 
 On other CPUs the targets do not apply (the script says why, from the doctor's findings) and it prints what
 it measured. Timings are the fastest of repeated calls or steps; on a shared machine run it when it is quiet.
@@ -26,7 +26,8 @@ MATMUL_TARGET, TRAIN_TARGET = 3.0, 1.5
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--clock", default="wall", choices=("wall", "cpu"), help="cpu: CPU time, needs one thread")
+    parser.add_argument("--clock", default="auto", choices=("auto", "wall", "cpu"),
+                        help="cpu: CPU time, needs one thread; auto: cpu where torch has one thread")
     args = parser.parse_args()
     report = collect()
     print(f"{report.cpu_name}, torch {report.torch}, {report.threads} threads; doctor: {report.recommendation}")

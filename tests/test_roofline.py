@@ -78,6 +78,7 @@ def test_speedups_divide_by_fp32_at_the_same_size(table):
 def test_best_seconds_keeps_the_fastest_call_and_times_a_slow_call_once(monkeypatch):
     clock = [0.0]
     monkeypatch.setattr(roofline.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(roofline.time, "thread_time", lambda: clock[0])
 
     def calls_taking(*durations):
         it = iter(durations)
@@ -140,5 +141,7 @@ def test_cpu_clock_needs_one_thread():
             roofline.best_seconds(lambda: None, clock="cpu")
     finally:
         torch.set_num_threads(threads)
-    with pytest.raises(ValueError, match="'wall' or 'cpu'"):
+    with pytest.raises(ValueError, match="'auto', 'wall' or 'cpu'"):
         roofline.best_seconds(lambda: None, clock="gpu")
+    assert roofline.resolve_clock("auto", "cpu") == ("cpu" if torch.get_num_threads() == 1 else "wall")
+    assert roofline.resolve_clock("auto", "cuda") == "wall"
