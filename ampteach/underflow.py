@@ -1,6 +1,6 @@
 """Where a model's gradients fall on a format's number line, and what a loss scale S does to them.
 
-    grads = collect_gradients(model, data.batches(128), n_batches=8)   # {"weights": ..., "activations": ...}
+    grads = collect_gradients(model, data.batches(128), n_batches=8)   # {"weights", "activations", "output"}
     zone_fractions(grads["activations"], "fp16", scale=8)    # {"zero", "flushed", "subnormal", "normal", "overflow"}
     plot_gradient_histogram(grads, "fp16", scale=2**10)      # the 2018 paper's histogram, on your model
 
@@ -37,15 +37,20 @@ class _Shrink(torch.autograd.Function):
 
 
 class ShrinkGradients(nn.Module):
-    """Identity forward; backward divides the gradient by n: what a loss averaged over n times more terms sends back.
+    """Identity forward; backward divides the gradient by n. A synthetic knob, not a model of any workload.
 
         model = nn.Sequential(mlp((256,)), ShrinkGradients(2**16))   # put it after the last layer
         TrainConfig(optimizer="sgd", lr=0.05 * 2**16)                  # and multiply SGD's lr by n
 
-    A loss that is a mean over many terms (tokens, pixels, a big batch) has small gradients. This layer
-    gives the course's small model the same small gradients without a bigger workload. With n a power
-    of two and SGD's learning rate multiplied by n, fp32 training is bit-for-bit unchanged, so any
-    difference in fp16 comes from the size of the gradients alone. grad <- float32(grad) / n, cast back.
+    Every gradient behind the layer (weights and activations alike) becomes n times smaller, which
+    slides the model's gradient histogram log2(n) octaves to the left. The course's small model has
+    gradients that fit fp16; this moves them to where deeper or larger models have theirs, so that a
+    lesson can show what fp16 does there. (Real gradients do not shrink by one factor: a loss averaged
+    over n terms makes each activation gradient about n times smaller, but a weight gradient sums
+    those terms again and keeps its size.) With n a power of two and SGD's learning rate multiplied
+    by n, fp32 training is bit-for-bit unchanged, so any difference in fp16 comes from the size of
+    the gradients alone. The gradient arriving at the layer (the loss's gradient) is not shrunk.
+    grad <- float32(grad) / n, cast back to the gradient's dtype.
     """
 
     def __init__(self, n: float) -> None:
@@ -65,18 +70,25 @@ def collect_gradients(model: nn.Module, batches: Iterable[tuple[torch.Tensor, to
                       loss_fn=F.cross_entropy) -> dict[str, torch.Tensor]:
     """Every gradient value backward produces on n_batches batches, in fp32, flattened (no optimizer step).
 
-    "weights": d loss / d parameter (what the optimizer uses), "activations": d loss / d output of every
-    leaf module (what backward carries from layer to layer, the paper's "activation gradients").
+    "weights": d loss / d parameter (what the optimizer uses); "activations": d loss / d output of every
+    leaf module inside the model (what backward carries from layer to layer, the paper's "activation
+    gradients"), in backward order; "output": d loss / d model(x), what the loss function sends into
+    the model's backward (for a classifier: the logits' gradient, (softmax - one-hot) / batch size).
     """
     weights: list[torch.Tensor] = []
     activations: list[torch.Tensor] = []
+    output: list[torch.Tensor] = []
+    produced: list[torch.Tensor] = []
 
-    def keep_output_grad(module, inputs, output):
-        if isinstance(output, torch.Tensor) and output.requires_grad:
-            output.register_hook(lambda grad: activations.append(grad.detach().flatten().float()))
+    def keep(into: list[torch.Tensor]):
+        return lambda grad: into.append(grad.detach().flatten().float())
+
+    def remember_output(module, inputs, out):
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            produced.append(out)
 
     leaves = [m for m in model.modules() if not list(m.children())]
-    handles = [m.register_forward_hook(keep_output_grad) for m in leaves]
+    handles = [m.register_forward_hook(remember_output) for m in leaves]
     was_training = model.training
     model.train()
     try:
@@ -84,7 +96,13 @@ def collect_gradients(model: nn.Module, batches: Iterable[tuple[torch.Tensor, to
             if n_batches is not None and i >= n_batches:
                 break
             model.zero_grad(set_to_none=True)
-            loss_fn(model(x), y).backward()
+            produced.clear()
+            prediction = model(x)
+            for t in produced:
+                if t is not prediction:        # the model's own output goes to "output", once
+                    t.register_hook(keep(activations))
+            prediction.register_hook(keep(output))
+            loss_fn(prediction, y).backward()
             weights += [p.grad.detach().flatten().float() for p in model.parameters() if p.grad is not None]
     finally:
         for handle in handles:
@@ -93,7 +111,10 @@ def collect_gradients(model: nn.Module, batches: Iterable[tuple[torch.Tensor, to
         model.train(was_training)
     if not weights:
         raise ValueError("no gradients were collected: pass at least one (x, y) batch and a model with parameters")
-    return {"weights": torch.cat(weights), "activations": torch.cat(activations)}
+    produced.clear()
+    empty = torch.zeros(0)
+    return {"weights": torch.cat(weights), "activations": torch.cat(activations) if activations else empty,
+            "output": torch.cat(output)}
 
 
 def store(values: torch.Tensor, fmt: FloatFormat | str = "fp16", scale: float = 1.0) -> torch.Tensor:
@@ -106,7 +127,13 @@ def store(values: torch.Tensor, fmt: FloatFormat | str = "fp16", scale: float = 
 
 
 def zone_fractions(values: torch.Tensor, fmt: FloatFormat | str = "fp16", scale: float = 1.0) -> dict[str, float]:
-    """Fractions of values (summing to 1) by what storing S * value in fmt does to it.
+    """Fractions of values (summing to 1) by what storing S * value in fmt does to it: zone_counts / numel."""
+    n = values.numel()
+    return {name: count / n for name, count in zone_counts(values, fmt, scale).items()}
+
+
+def zone_counts(values: torch.Tensor, fmt: FloatFormat | str = "fp16", scale: float = 1.0) -> dict[str, int]:
+    """How many of values land in each zone when S * value is stored in fmt (the counts sum to numel).
 
     zero: already 0 (e.g. behind a ReLU); flushed: non-zero, becomes 0; subnormal: kept with fewer
     bits; normal: kept with full precision; overflow: becomes inf (or NaN/max in fp8 formats).
@@ -122,9 +149,8 @@ def zone_fractions(values: torch.Tensor, fmt: FloatFormat | str = "fp16", scale:
         overflow |= values.float().abs() * scale >= fmt.max + 2.0 ** (fmt.emax - fmt.man_bits - 1)
     subnormal = ~zero & ~flushed & ~overflow & (stored < fmt.min_normal)
     normal = ~zero & ~flushed & ~overflow & ~subnormal
-    n = values.numel()
-    counts = dict(zero=zero, flushed=flushed, subnormal=subnormal, normal=normal, overflow=overflow)
-    return {name: counts[name].sum().item() / n for name in ZONES}
+    masks = dict(zero=zero, flushed=flushed, subnormal=subnormal, normal=normal, overflow=overflow)
+    return {name: int(masks[name].sum()) for name in ZONES}
 
 
 def zone_edges(fmt: FloatFormat | str = "fp16") -> dict[str, float]:
@@ -138,30 +164,36 @@ def plot_gradient_histogram(grads: dict[str, torch.Tensor], fmt: FloatFormat | s
     """Histogram of log2|S * g| for the non-zero values of each entry of grads, over fmt's shaded zones.
 
     Heights are percentages of each entry's non-zero values; values beyond xlim pile up in the edge bins.
+    The legend sits to the right of the axes, off the data. Returns the Axes.
     """
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from .plots import course_style
+
     fmt = as_format(fmt)
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8, 3.2))
     edges = zone_edges(fmt)
     lo, hi = xlim
     shading = [(lo, edges["flush"], "tab:red", "flushed to 0"),
                (edges["flush"], edges["normal"], "tab:orange", "subnormal"),
                (edges["normal"], edges["max"], "tab:green", "normal"),
                (edges["max"], hi, "tab:purple", "overflow")]
-    for left, right, color, label in shading:
-        ax.axvspan(left, right, color=color, alpha=0.12, label=f"{fmt.name} {label}")
-    bins = np.arange(lo, hi + bin_width, bin_width)
     shift = math.log2(scale)
-    for name, values in grads.items():
-        nonzero = values[values != 0].float()
-        log2 = (nonzero.abs().log2() + shift).clamp(lo, hi - 1e-6).numpy()
-        ax.hist(log2, bins=bins, weights=np.full(len(log2), 100.0 / max(len(log2), 1)), histtype="step",
-                linewidth=1.5, label=f"{name} (non-zero: {len(log2):,})")
-    ax.set_xlim(lo, hi)
-    ax.set_xlabel(f"log2 |S * gradient|   (S = 2^{shift:g})" if shift == round(shift) else f"log2 |S * gradient|   (S = {scale:g})")
-    ax.set_ylabel("% of non-zero values")
-    ax.legend(loc="upper right", fontsize=8, ncol=2)
+    with course_style():
+        if ax is None:
+            _, ax = plt.subplots(figsize=(10, 3.4))
+        for left, right, color, label in shading:
+            ax.axvspan(left, right, color=color, alpha=0.12, label=f"{fmt.name} {label}")
+        bins = np.arange(lo, hi + bin_width, bin_width)
+        for name, values in grads.items():
+            nonzero = values[values != 0].float()
+            log2 = (nonzero.abs().log2() + shift).clamp(lo, hi - 1e-6).numpy()
+            ax.hist(log2, bins=bins, weights=np.full(len(log2), 100.0 / max(len(log2), 1)), histtype="step",
+                    linewidth=1.5, label=f"{name} (non-zero: {len(log2):,})")
+        ax.set_xlim(lo, hi)
+        s_text = f"2^{shift:g}" if shift == round(shift) else f"{scale:g}"
+        ax.set_xlabel(f"log2 |S * gradient|   (S = {s_text})")
+        ax.set_ylabel("% of non-zero values")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.figure.tight_layout()
     return ax

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 from ampteach.formats import FORMATS
-from ampteach.underflow import ZONES, ShrinkGradients, collect_gradients, plot_gradient_histogram, store, zone_edges, zone_fractions
+from ampteach.underflow import (ZONES, ShrinkGradients, collect_gradients, plot_gradient_histogram, store, zone_counts,
+                                zone_edges, zone_fractions)
 
 matplotlib.use("Agg")
 FP16 = FORMATS["fp16"]
@@ -32,7 +33,7 @@ def test_collect_gradients_matches_a_hand_written_backward():
     model = small_model()
     data = batches()
     grads = collect_gradients(model, data)
-    weights, activations = [], []
+    weights, activations, output = [], [], []
     for x, y in data:
         model.zero_grad()
         h1 = model[1](model[0](x))
@@ -42,9 +43,24 @@ def test_collect_gradients_matches_a_hand_written_backward():
             t.retain_grad()
         nn.functional.cross_entropy(out, y).backward()
         weights += [p.grad.flatten() for p in model.parameters()]
-        activations += [out.grad.flatten(), h2.grad.flatten(), h1.grad.flatten()]   # backward order
+        activations += [h2.grad.flatten(), h1.grad.flatten()]   # backward order, inside the model
+        output.append(out.grad.flatten())                      # what the loss sends back: (softmax - one-hot) / 5
+        expected = (out.detach().softmax(1) - nn.functional.one_hot(y, 3)) / len(y)
+        assert torch.allclose(out.grad, expected, rtol=0, atol=1e-7)
     assert torch.equal(grads["weights"], torch.cat(weights))
     assert torch.equal(grads["activations"], torch.cat(activations))
+    assert torch.equal(grads["output"], torch.cat(output))
+
+
+def test_collect_gradients_sees_the_loss_gradient_before_shrink_gradients():
+    model = small_model()
+    plain = collect_gradients(model, batches())
+    shrunk = collect_gradients(nn.Sequential(model, ShrinkGradients(2**10)), batches())
+    assert torch.equal(shrunk["output"], plain["output"])               # the loss's gradient: not shrunk
+    inside = plain["activations"].numel()
+    assert torch.equal(shrunk["activations"][: 15], plain["output"][:15] / 2**10)   # the logits, behind the layer
+    assert shrunk["activations"].numel() == inside + plain["output"].numel()
+    assert torch.equal(shrunk["weights"], plain["weights"] / 2**10)
 
 
 def test_collect_gradients_leaves_the_model_as_it_found_it():
@@ -85,6 +101,14 @@ def test_store_is_the_cast_and_covers_formats_without_a_torch_dtype():
     assert torch.equal(store(x, "fp16", 4.0), (x * 4.0).half().float())
     tf32 = store(torch.tensor([1.0 + 2.0**-12, 2.0**-140]), "tf32")   # 10 mantissa bits, fp32's exponents
     assert tf32.tolist() == [1.0, 0.0]
+
+
+def test_zone_counts_are_the_fractions_times_the_number_of_values():
+    values = torch.tensor([0.0, FP16.min_subnormal / 4, 1.0, 2.0**14, 3.0])
+    assert zone_counts(values, "fp16", scale=8.0) == dict(zero=1, flushed=0, subnormal=1, normal=2, overflow=1)
+    assert zone_fractions(values, "fp16", scale=8.0) == dict(zero=0.2, flushed=0.0, subnormal=0.2, normal=0.4, overflow=0.2)
+    with pytest.raises(ValueError, match="empty"):
+        zone_counts(torch.zeros(0))
 
 
 def test_saturating_fp8_counts_clipping_as_overflow():
