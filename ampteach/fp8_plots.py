@@ -116,18 +116,30 @@ def plot_ranges(tensors: Mapping[str, Sequence[Tensor]], formats: Sequence[str] 
     return fig
 
 
-def plot_amax_history(histories: Mapping[str, Tensor], steps: int) -> Figure:
-    """Each role's amax per step (the last `steps` entries of a DelayedScaling history) and the amax its
-    scale used (the largest in the window so far), log scale."""
+def amax_histories(model: nn.Module, steps: int) -> dict[str, dict[str, Tensor]]:
+    """The last `steps` amaxes each delayed-scaling Float8Linear of model recorded: {layer: {role: history}}."""
+    from .fp8 import Float8Linear
+
+    names = {"input": "activations", "weight": "weights", "grad_output": "gradients"}
+    return {name: {names[role]: s.amax_history[-steps:].clone() for role, s in m.scalings().items()}
+            for name, m in model.named_modules() if isinstance(m, Float8Linear) and m.scalings()}
+
+
+def plot_amax_history(histories: Mapping[str, Mapping[str, Tensor]], window: int = 1024) -> Figure:
+    """One panel per layer: each role's amax per step (thin) and the amax behind the scale that step was
+    cast with, the largest of the `window` steps before it (dashed; history_len), on a log scale."""
     with course_style():
-        fig, ax = plt.subplots(figsize=(9, 3.2))
-        for role, history in histories.items():
-            amax = history[-steps:].numpy()
-            color = ROLE_COLORS.get(role, None)
-            ax.plot(amax, color=color, lw=1, label=f"{role}: amax of the step")
-            ax.plot(np.maximum.accumulate(amax), color=color, lw=2, ls="--", label=f"{role}: amax the scale uses")
-        ax.set(yscale="log", xlabel="training step", ylabel="amax", title="delayed scaling, first Linear")
-        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
+        fig, axes = plt.subplots(1, len(histories), figsize=(5.5 * len(histories), 3.2), sharey=True)
+        for ax, (layer, roles) in zip(np.atleast_1d(axes), histories.items()):
+            for role, history in roles.items():
+                amax, color = history.numpy(), ROLE_COLORS.get(role)
+                behind = [amax[max(0, t - window):t].max() for t in range(1, len(amax))]
+                ax.plot(amax, color=color, lw=1, label=f"{role}: this step's amax")
+                ax.plot(range(1, len(amax)), behind, color=color, lw=2, ls="--", label=f"{role}: amax behind its scale")
+            ax.set(yscale="log", xlabel="training step", title=f"Linear {layer}")
+        np.atleast_1d(axes)[0].set_ylabel("amax")
+        np.atleast_1d(axes)[-1].legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
+        fig.tight_layout()
     return fig
 
 
