@@ -37,7 +37,7 @@ import torch
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
 BUCKET_NUMEL = 1 << 15   # smaller gradients are checked together, copied into a buffer of this many elements
-UNSCALABLE_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})   # what torch's kernel takes
+UNSCALABLE_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})   # as torch's kernel
 
 _FIX = "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration."
 _FP16_GRADS = (
@@ -123,7 +123,7 @@ def non_finite_check_and_unscale_(grads: list[torch.Tensor], found_inf: torch.Te
 
 
 def _buckets(grads: list[torch.Tensor]) -> list[tuple[list[torch.Tensor], int]]:
-    """(tensors, their numel) for the check: a big tensor alone, small ones flattened and together up to BUCKET_NUMEL; no empties."""
+    """(tensors, their numel) for the check: a big one alone, small ones flattened, up to BUCKET_NUMEL together."""
     buckets: list[tuple[list[torch.Tensor], int]] = []
     small: list[torch.Tensor] = []
     filled = 0
@@ -384,7 +384,7 @@ class _LossScaler:
         if state["stage"] is OptState.READY:
             self._check_inf_per_device(optimizer)
         found = [t.to(self._scale.device, non_blocking=True) for t in state["found_inf_per_device"].values()]
-        found_inf = torch.stack(found).sum() if found else torch.zeros((), device=self._scale.device)
+        found_inf = functools.reduce(torch.add, found) if found else torch.zeros((), device=self._scale.device)
         if state["stage"] is OptState.UNSCALED:   # grads already true: pass on only a scale the user set
             optimizer.grad_scale = getattr(optimizer, "grad_scale", None)
         else:

@@ -23,17 +23,9 @@ from hypothesis import strategies as st
 from torch import nn
 
 from ampteach.scaler import BUCKET_NUMEL, FLOAT32_MAX, GradScaler, non_finite_check_and_unscale_
+from test_scaler import one_thread  # noqa: F401 (autouse: tiny tensors run faster on one intra-op thread)
 
 INF, NAN = math.inf, math.nan
-IMPLS = {"torch": torch.amp.GradScaler, "ampteach": GradScaler}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def outcome(fn):
