@@ -5,6 +5,7 @@
     ampteach grade exercises/*.ipynb # run the check cells, print a per-check table and a score
     ampteach data [download]         # where the dataset comes from; fetch the full one on request
     ampteach roofline --device cpu   # matmul GFLOP/s in fp32, bf16, fp16 against this machine's measured roofs
+    ampteach site --out site/        # the course as a static website (stored outputs), then open site/index.html
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ COMMANDS = {
     "grade": "grade",
     "data": "data",
     "roofline": "roofline",
+    "site": "site",
 }
 
 

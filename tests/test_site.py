@@ -1,0 +1,237 @@
+"""`ampteach site`: the course as a static website, built offline from the stored outputs.
+
+The course's own site is built once for the whole test run (tests/site_checks.py); a small course
+made here checks the parts the real one may not exercise today (an expected error, a broken cell,
+links to solutions and to missing notebooks, the command's errors).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from site_checks import ROOT, broken_cells, built_site, cell_figures, html_pages, page_of
+
+from ampteach import cli
+
+# Sphinx's notices about its own future API, raised inside the theme and myst-parser (not this project's code).
+pytestmark = pytest.mark.filterwarnings("ignore:.*Check CHANGES for Sphinx API modifications")
+site = pytest.importorskip("ampteach.site")
+pytest.importorskip("myst_nb", reason='the site tools are not installed: pip install -e ".[site]"')
+
+LESSONS = sorted(p.relative_to(ROOT) for p in (ROOT / "notebooks").glob("*.ipynb"))
+EXERCISES = sorted(p.relative_to(ROOT) for p in (ROOT / "exercises").glob("*.ipynb"))
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def built():
+    return built_site()[0]
+
+
+@pytest.fixture(scope="module")
+def pages(built):
+    return html_pages(built.out)
+
+
+def test_the_site_builds_offline_with_a_page_per_lesson_and_exercise(built):
+    attempts = built_site()[1]
+    assert attempts == [], f"the build tried to reach the network: {attempts}"
+    assert (built.out / "index.html").is_file() and (built.out / "searchindex.js").is_file()
+    missing = [nb for nb in LESSONS + EXERCISES if not (built.out / page_of(nb)).is_file()]
+    assert not missing, f"notebooks without a page: {missing}"
+    assert set(built.pages) == set(LESSONS + EXERCISES)
+    assert not (built.out / "solutions").exists()
+    assert not [p for p in built.out.rglob("*") if "solution" in p.name.lower() and p.suffix in (".html", ".ipynb")]
+
+
+def test_pages_follow_the_course_map_with_previous_and_next_links(built, pages):
+    chain, page = [Path("index.html")], pages[Path("index.html")]
+    while (link := page.select_one("a.right-next")) is not None:
+        chain.append(normalise(chain[-1].parent / link["href"]))
+        page = pages[chain[-1]]
+    assert chain[1:] == [page_of(p) for p in built.pages]
+    for before, after in zip(chain, chain[1:]):
+        back = pages[after].select_one("a.left-prev")
+        assert back is not None and normalise(after.parent / back["href"]) == before
+    # The course map's own order comes first (lessons and exercises it links to, first link each).
+    course_map = (ROOT / "course/README.md").read_text()
+    linked = list(dict.fromkeys(Path(m) for m in re.findall(r"\]\((?:\.\./)?((?:notebooks|exercises)/[\w.-]+\.ipynb)", course_map)))
+    linked = [p for p in linked if (ROOT / p).is_file()]
+    assert built.pages[:len(linked)] == linked
+
+
+def normalise(path: Path) -> Path:
+    """a/../b.html#x -> b.html"""
+    parts: list[str] = []
+    for part in Path(str(path).split("#")[0]).parts:
+        if part == "..":
+            parts.pop()
+        elif part != ".":
+            parts.append(part)
+    return Path(*parts)
+
+
+@pytest.mark.parametrize("lesson", [p for p in LESSONS if not p.name.startswith("00")], ids=lambda p: p.stem)
+def test_every_lesson_from_1_on_shows_its_figures(built, pages, lesson):
+    figures = cell_figures(pages[page_of(lesson)])
+    assert figures, f"{lesson} shows no figure"
+    for img in figures:
+        src = img["src"]
+        data = (base64.b64decode(src.split(",", 1)[1]) if src.startswith("data:")
+                else (built.out / page_of(lesson).parent / src).read_bytes())
+        assert data.startswith(PNG), f"{lesson}: {src[:80]} is not a PNG"
+
+
+def test_no_page_shows_a_traceback(pages):
+    broken = {str(path): cells for path, page in pages.items() if (cells := broken_cells(page))}
+    assert not broken, f"pages with a traceback outside a raises-exception cell: {broken}"
+
+
+def test_widgets_show_their_saved_state_with_a_note_that_they_are_live_in_jupyter(pages):
+    lesson = pages[Path("notebooks/02_underflow_and_loss_scaling.html")]
+    sliders = [w for w in lesson.select(".widget-static") if w.select_one('input[type="range"][max="44"]')]
+    assert len(sliders) == 1, "lesson 2's loss-scale slider is not on its page"
+    assert "Live in Jupyter" in sliders[0].get_text() and sliders[0].select_one("img[src^='data:image/png']")
+    assert "flushed to 0" in sliders[0].get_text()                 # the caption it was saved with
+    for path, page in pages.items():
+        text = page.get_text()
+        assert "FigureSlider(children=" not in text and "widget-view+json" not in str(page), path
+    bars = [bar for page in pages.values() for bar in page.select(".widget-static progress")]
+    assert bars and all(float(bar["value"]) == float(bar["max"]) for bar in bars), "progress bars as saved: finished"
+
+
+def test_math_is_mathml_not_tex(pages):
+    lesson = pages[Path("notebooks/01_float_formats.html")]
+    assert lesson.select("math")
+    prose = " ".join(p.get_text() for p in lesson.select("article p"))
+    assert not re.search(r"\$[^$\s][^$]*\$", prose), "TeX left unrendered in lesson 1"
+
+
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda p: p.stem)
+def test_exercise_pages_show_the_learners_version_not_the_solution(pages, exercise):
+    text = "\n".join(cell.get_text() for cell in pages[page_of(exercise)].select(".cell_input"))   # its code cells
+    learner = nbformat.read(ROOT / exercise, as_version=4)
+    learner_lines = {line.strip() for c in learner.cells if c.cell_type == "code" for line in c.source.splitlines()}
+    for cell in learner.cells:
+        if cell.cell_type == "code" and cell.source.strip():
+            assert cell.source.strip().splitlines()[0].strip() in text
+    solution_path = ROOT / "solutions" / exercise.name
+    if solution_path.is_file():
+        solution = nbformat.read(solution_path, as_version=4)
+        only_in_solution = {line.strip() for c in solution.cells if c.cell_type == "code"
+                            for line in c.source.splitlines()} - learner_lines
+        shown = [line for line in only_in_solution if len(line) >= 25 and line in text]
+        assert not shown, f"{exercise}'s page shows solution code: {shown[:3]}"
+
+
+def test_links_between_pages_resolve(built, pages):
+    ids = {path: {tag["id"] for tag in page.select("[id]")} for path, page in pages.items()}
+    broken = []
+    for path, page in pages.items():
+        for a in page.select("a[href]"):
+            href = a["href"]
+            if re.match(r"^[a-z]+:", href) or href.startswith("#") and href[1:] in ids[path]:
+                continue
+            target = normalise(path.parent / href) if not href.startswith("#") else path
+            anchor = href.split("#", 1)[1] if "#" in href else ""
+            if not (built.out / target).is_file() or anchor and target in ids and anchor not in ids[target]:
+                broken.append(f"{path}: {href}")
+    assert not broken, broken
+    index = {normalise(Path(a["href"])) for a in pages[Path("index.html")].select("article a[href]")}
+    course_map = (ROOT / "course/README.md").read_text()
+    for name in re.findall(r"\]\((?:\.\./)?((?:notebooks|exercises)/[\w.-]+\.ipynb)", course_map):
+        if (ROOT / name).is_file():
+            assert page_of(Path(name)) in index, f"the course map's link to {name} does not lead to its page"
+
+
+# ---------------------------------------------------------------- a small course made here
+
+def notebook(*cells) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = list(cells)
+    return nb
+
+
+def error_cell(source: str, tags=()) -> nbformat.NotebookNode:
+    cell = nbformat.v4.new_code_cell(source, metadata={"tags": list(tags)} if tags else {})
+    cell.outputs = [nbformat.v4.new_output("error", ename="ValueError", evalue="no",
+                                           traceback=["Traceback (most recent call last):", "ValueError: no"])]
+    return cell
+
+
+@pytest.fixture(scope="module")
+def small_course(tmp_path_factory):
+    root = tmp_path_factory.mktemp("course")
+    for folder in ("course", "notebooks", "exercises", "solutions", "course/results"):
+        (root / folder).mkdir(exist_ok=True)
+    (root / "README.md").write_text("# A small course\n")
+    (root / "course/README.md").write_text(
+        "# Course map\n\n"
+        "| # | notebook |\n|---|---|\n"
+        "| 2 | [notebooks/02_broken.ipynb](../notebooks/02_broken.ipynb) |\n"
+        "| 1 | [notebooks/01_expected.ipynb](../notebooks/01_expected.ipynb) |\n"
+        "| 3 | [notebooks/03_not_yet.ipynb](../notebooks/03_not_yet.ipynb) |\n"
+        "| e | [exercises/e1.ipynb](../exercises/e1.ipynb) ([solution](../solutions/e1.ipynb)) |\n\n"
+        "Results live in [`course/results/`](results/).\n")
+    figure = nbformat.v4.new_code_cell("plot()")
+    figure.outputs = [nbformat.v4.new_output("display_data", data={
+        "image/png": base64.b64encode(PNG + b"\0" * 16).decode(), "text/plain": "<Figure>"})]
+    nbformat.write(notebook(nbformat.v4.new_markdown_cell("# 1. Expected\n\nSee [lesson 2](02_broken.ipynb#broken) "
+                                                          "and [the old one](notebooks/02_broken.ipynb)."),
+                            figure, error_cell("raise ValueError('no')", tags=["raises-exception"])),
+                   root / "notebooks/01_expected.ipynb")
+    nbformat.write(notebook(nbformat.v4.new_markdown_cell("# 2. Broken\n\n## Broken"), error_cell("oops()")),
+                   root / "notebooks/02_broken.ipynb")
+    nbformat.write(notebook(nbformat.v4.new_markdown_cell("# E1"), nbformat.v4.new_code_cell("answer = ...")),
+                   root / "exercises/e1.ipynb")
+    nbformat.write(notebook(nbformat.v4.new_code_cell("answer = 42  # the secret")), root / "solutions/e1.ipynb")
+    return root
+
+
+@pytest.fixture(scope="module")
+def small_site(small_course, tmp_path_factory):
+    built = site.build(tmp_path_factory.mktemp("small") / "site", small_course)
+    return built, html_pages(built.out)
+
+
+def test_an_expected_error_is_not_a_broken_page_but_any_other_traceback_is(small_site):
+    _, pages = small_site
+    expected = pages[Path("notebooks/01_expected.html")]
+    assert expected.select(".tag_raises-exception .traceback"), "the expected error is shown"
+    assert broken_cells(expected) == []
+    assert len(broken_cells(pages[Path("notebooks/02_broken.html")])) == 1
+
+
+def test_the_map_sets_the_order_and_links_to_non_pages_become_text(small_site):
+    built, pages = small_site
+    assert built.pages == [Path("notebooks/02_broken.ipynb"), Path("notebooks/01_expected.ipynb"), Path("exercises/e1.ipynb")]
+    assert any("03_not_yet.ipynb, which does not exist" in w for w in built.warnings)
+    index = pages[Path("index.html")]
+    hrefs = [a["href"] for a in index.select("article a[href]")]
+    assert "notebooks/02_broken.html" in hrefs and "exercises/e1.html" in hrefs
+    assert not [h for h in hrefs if "solution" in h or "results" in h or "03_not_yet" in h]
+    assert "solutions/e1.ipynb" in index.get_text() and "answer = 42" not in pages[Path("exercises/e1.html")].get_text()
+    lesson = pages[Path("notebooks/01_expected.html")]
+    assert [a["href"].split("#")[0] for a in lesson.select("article a[href*='02_broken']")] == ["02_broken.html"] * 2
+    assert cell_figures(lesson)
+
+
+def test_the_command_runs_from_any_folder_and_says_what_is_wrong(small_course, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["site", "--out", "site", "--root", str(small_course)]) == 0
+    assert (tmp_path / "site/index.html").is_file()
+    assert "index.html" in capsys.readouterr().out
+    assert cli.main(["site", "--out", "site", "--root", str(small_course)]) == 0      # an earlier site is replaced
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["site", "--out", "elsewhere", "--root", str(tmp_path / "empty")]) == 2
+    error = capsys.readouterr().err
+    assert "no course found" in error and "notebooks" in error and "--root" in error
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine/notes.txt").write_text("keep me")
+    assert cli.main(["site", "--out", "mine", "--root", str(small_course)]) == 2
+    assert "not empty" in capsys.readouterr().err and (tmp_path / "mine/notes.txt").is_file()
