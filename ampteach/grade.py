@@ -1,170 +1,208 @@
-"""Grade exercise notebooks with nbval: a per-check table (passed / failed with the message) and a score.
+"""Grade exercise notebooks, one or a whole class: the course's checks, restored, run with nbval.
 
-    $ ampteach grade exercises/build_1_bf16_rounding.ipynb exercises/e6_2_when_amp_is_wrong.ipynb
-    $ ampteach grade --timeout 60 my_copy.ipynb
+    $ ampteach grade exercises/build_2_loss_scale_update.ipynb        # your own copy
+    $ ampteach grade submissions/ --csv gradebook.csv --jobs 4        # submissions/<learner>/<exercise>.ipynb
+    $ ampteach grade --timeout 60 alice.ipynb bob.ipynb
 
-Under the hood this is the raw command, which works too:
-    pytest --nbval-lax --nbval-current-env exercises/NAME.ipynb -rA
-Each code cell runs as its own test in one kernel, so a wrong answer fails only its check cell.
-A check cell is a cell that calls a `check_...` function from `ampteach.checks`; the score is the
-fraction of check cells that pass. A cell that runs longer than --timeout seconds (an endless
-loop, say) is interrupted and fails; the notebook carries on with the next cell.
+Before a notebook runs, every check cell is put back as the course wrote it (as nbgrader's
+autograder overwrites its test cells): a check cell you edited or deleted is restored, the check
+function is taken from ampteach.checks even if your notebook defined one of the same name, and the
+hidden checks (which the exercise does not show) are added where the course has them. The course's
+copy of the checks ships inside the package (ampteach/exercise_checks/), so grading works from any
+directory. Which exercise a notebook is comes from its metadata (the exercise generator writes it),
+else from its file name.
+
+Each code cell runs as its own test in one fresh kernel (`pytest --nbval-lax`, see
+ampteach/autograde.py), so a wrong answer fails only its check. A cell that runs longer than --timeout seconds (an endless loop) is
+interrupted and the next cells run. A check's result is one of
+    passed      it ran without an error
+    failed      it raised: the message says what was expected and what came back
+    timeout     it ran past --timeout and was interrupted
+    missing     it never ran: the kernel died, or stopped answering, before it
+    unreadable  the file is not a notebook of a known exercise (one row for the whole file)
+Cells are named as you see them: the check's name and `cell [k]`, k counting code cells from the
+top, as JupyterLab numbers them after Run All. The score counts every check, hidden ones included.
+
+--csv writes one row per (submission, check): submission, exercise, check, result, message.
+Grading runs your notebook's code on this machine: it stops honest mistakes and the obvious ways of
+gaming a check, it is not a sandbox against code written to attack the grader.
 """
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
-import tempfile
-import xml.etree.ElementTree as ET
+import csv
+import os
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 
-CHECK_CALL = re.compile(r"(?<!def )\b(check_\w+)\s*\(")
-ANSI = re.compile(r"(?:\x1b|#x1B)\[[0-9;]*m")
-EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Failed|Interrupt|Exit)): ?(.*)$", re.M)
-TIMEOUT = re.compile(r"Timeout of ([\d.]+) seconds exceeded")
-OUTPUT_PATIENCE = 60.0  # seconds nbval waits for a finished cell's output messages (its own default: 5)
+from .autograde import autograde, known_exercises, which_exercise
+
+RESULTS = ("passed", "failed", "timeout", "missing", "unreadable")
+CSV_COLUMNS = ("submission", "exercise", "check", "result", "message")
 
 
-def pytest_collection_modifyitems(items) -> None:
-    """pytest hook (this module is loaded as a plugin: `-p ampteach.grade`, and by the course's conftest).
+# --- results ------------------------------------------------------------------------------------------
 
-    nbval gives a cell that has finished 5 s to deliver its output messages; on a busy machine
-    (CI, a classroom server) that fails correct cells with "Timeout of 5 seconds exceeded waiting
-    for output". The cell's own time limit (--nbval-cell-timeout) is unchanged.
-    """
-    for item in items:
-        if hasattr(item, "output_timeout"):
-            item.output_timeout = max(item.output_timeout, OUTPUT_PATIENCE)
+@dataclass
+class CheckResult:
+    check: str          # "check_loss_scale_update, cell [3]": the name a learner can find
+    result: str         # one of RESULTS
+    message: str = ""
 
 
 @dataclass
-class CellResult:
-    cell: int                      # position in the notebook, counting every cell from 1 (as you scroll)
-    checks: list[str]              # the ampteach.checks functions this cell calls (empty: not a check cell)
-    status: str                    # "passed", "failed", "timeout" or "skipped"
-    message: str = ""              # "ExceptionType: message" when it did not pass
-
-
-@dataclass
-class NotebookGrade:
+class Submission:
     path: Path
-    cells: list[CellResult] = field(default_factory=list)
-    error: str = ""                # the run itself broke (no kernel, not a notebook, ...)
-
-    @property
-    def check_cells(self) -> list[CellResult]:
-        return [c for c in self.cells if c.checks]
+    learner: str
+    exercise: str = "?"
+    checks: list[CheckResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)   # other cells that failed (not scored), restorations
 
     @property
     def passed(self) -> int:
-        return sum(c.status == "passed" for c in self.check_cells)
+        return sum(c.result == "passed" for c in self.checks)
 
     @property
     def total(self) -> int:
-        return len(self.check_cells)
+        return sum(c.result != "unreadable" for c in self.checks)
+
+    @property
+    def unreadable(self) -> bool:
+        return any(c.result == "unreadable" for c in self.checks)
 
 
-def _failure_message(text: str) -> tuple[str, str]:
-    """(status, 'Type: message') from nbval's failure report of one cell."""
-    text = ANSI.sub("", text)
-    timeout = TIMEOUT.search(text)
-    if timeout:
-        return "timeout", f"took longer than {float(timeout.group(1)):g} s and was interrupted (an endless loop?)"
-    matches = list(EXCEPTION_LINE.finditer(text))
-    if not matches:
-        return "failed", text.strip().splitlines()[-1] if text.strip() else "failed"
-    last = matches[-1]
-    kind, message = last.group(1), text[last.start(2):].strip()
-    if kind == "NotImplementedError":
-        return "failed", "NotImplementedError: not done yet (a `# YOUR CODE HERE` is still to write)"
-    return "failed", f"{kind}: {message}" if message else kind
-
-
-def grade_notebook(path: str | Path, timeout: float = 120.0) -> NotebookGrade:
-    """Run one notebook under `pytest --nbval-lax` in a fresh kernel and collect each cell's result."""
-    path = Path(path).resolve()
-    grade = NotebookGrade(path)
+def grade_notebook(path: str | Path, timeout: float = 120.0, learner: str | None = None) -> Submission:
+    """Restore the course's checks in one notebook, run it in a fresh kernel, and collect each check's result."""
+    path = Path(path)
+    sub = Submission(path, learner or path.resolve().parent.name)
     try:
         nb = nbformat.read(path, as_version=4)
-    except Exception as exc:  # not JSON, not a notebook: say so instead of a traceback
-        grade.error = f"cannot read {path.name} as a notebook: {exc}"
-        return grade
-    code_cells = [(i + 1, cell) for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "pytest.ini").write_text("[pytest]\n")  # ignore any project's pytest settings
-        report = Path(tmp) / "report.xml"
-        cmd = [sys.executable, "-m", "pytest", str(path), "--nbval-lax", "--nbval-current-env",
-               f"--nbval-cell-timeout={timeout}", "-p", "no:cacheprovider", "-p", "ampteach.grade", "-c", str(Path(tmp) / "pytest.ini"),
-               "--rootdir", tmp, f"--junitxml={report}", "-q"]
-        try:
-            run = subprocess.run(cmd, cwd=path.parent, capture_output=True, text=True,
-                                 timeout=timeout * (len(code_cells) + 1) + 120)
-        except subprocess.TimeoutExpired:
-            grade.error = "the notebook did not finish (the kernel stopped answering); no score"
-            return grade
-        if not report.exists():
-            grade.error = f"nbval could not run the notebook:\n{run.stdout[-2000:]}{run.stderr[-2000:]}"
-            return grade
-        results = {}
-        for case in ET.parse(report).getroot().iter("testcase"):
-            m = re.fullmatch(r"Cell (\d+)", case.get("name", ""))
-            if not m:
-                continue
-            status, message = "passed", ""
-            for child in case:
-                if child.tag in ("failure", "error"):
-                    status, message = _failure_message((child.get("message") or "") + "\n" + (child.text or ""))
-                elif child.tag == "skipped" and status == "passed":
-                    status, message = "skipped", ANSI.sub("", child.get("message") or "")
-            results[int(m.group(1))] = (status, message)
-    for index, (position, cell) in enumerate(code_cells):
-        status, message = results.get(index, ("skipped", "not run"))
-        grade.cells.append(CellResult(position, sorted(set(CHECK_CALL.findall(cell.source))), status, message))
-    return grade
+    except Exception as exc:  # not JSON, not a notebook: a row in the gradebook, not a crash
+        sub.checks.append(CheckResult("-", "unreadable", f"cannot read {path.name} as a notebook: {exc}"))
+        return sub
+    exercise = which_exercise(nb, path)
+    if exercise is None:
+        sub.checks.append(CheckResult("-", "unreadable", f"{path.name} is not one of the course's exercises "
+                                      f"(its metadata names none, nor does its file name): {', '.join(known_exercises())}"))
+        return sub
+    sub.exercise = exercise
+    cells, sub.notes = autograde(nb, exercise, path.resolve().parent, timeout)
+    for cell in cells:
+        if cell.check is not None:
+            sub.checks.append(CheckResult(cell.check, cell.result, cell.message))
+        elif cell.result in ("failed", "timeout"):
+            first = cell.message.splitlines()[0] if cell.message else ""
+            sub.notes.append(f"cell [{cell.position}] (not a check) {cell.result}: {first}")
+    return sub
 
 
-def format_grade(grade: NotebookGrade, width: int = 100) -> str:
-    lines = [str(grade.path)]
-    if grade.error:
-        return "\n".join(lines + [f"  ERROR  {grade.error}"])
-    name_width = max([len(", ".join(c.checks)) for c in grade.check_cells] + [5])
-    lines.append(f"  {'check':<{name_width}}  cell  result")
-    for c in grade.check_cells:
-        result = "passed" if c.status == "passed" else f"{c.status.upper():7s} {c.message}"
-        first, *rest = result.splitlines() or [""]
-        lines.append(f"  {', '.join(c.checks):<{name_width}}  {c.cell:>4}  {first[:width]}")
-        lines += [f"  {'':<{name_width}}        {line[:width]}" for line in rest[:8]]
-    other = [c for c in grade.cells if not c.checks and c.status in ("failed", "timeout")]
-    for c in other:
-        lines.append(f"  (cell {c.cell}, not a check, {c.status}: {c.message.splitlines()[0][:width] if c.message else ''})")
-    if grade.total:
-        lines.append(f"  score {grade.passed}/{grade.total} checks passed")
-    else:
-        lines.append("  no check cells found (a check cell calls a check_... function from ampteach.checks)")
+# --- finding submissions, reporting ----------------------------------------------------------------------------
+
+def find_submissions(paths: list[str]) -> list[tuple[Path, str]]:
+    """(notebook, learner) for each PATH: a notebook (learner: its folder's name) or a folder of them
+    (submissions/<learner>/<exercise>.ipynb: learner = the first folder below PATH)."""
+    found = []
+    for arg in paths:
+        path = Path(arg)
+        if path.is_dir():
+            for nb in sorted(path.rglob("*.ipynb")):
+                if ".ipynb_checkpoints" in nb.parts:
+                    continue
+                rel = nb.relative_to(path)
+                found.append((nb, rel.parts[0] if len(rel.parts) > 1 else path.resolve().name))
+        else:
+            found.append((path, path.resolve().parent.name))
+    return found
+
+
+def grade_all(paths: list[str], timeout: float = 120.0, jobs: int | None = None) -> list[Submission]:
+    """Grade every notebook found under paths, `jobs` at a time (default: one per CPU core)."""
+    found = find_submissions(paths)
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(found) or 1))
+
+    def one(item: tuple[Path, str]) -> Submission:
+        path, learner = item
+        if not path.is_file():
+            sub = Submission(path, learner)
+            sub.checks.append(CheckResult("-", "unreadable", f"no such file: {path}"))
+            return sub
+        return grade_notebook(path, timeout, learner)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, found))
+
+
+def _wrap(text: str, indent: str, width: int = 100) -> list[str]:
+    lines = []
+    for paragraph in text.splitlines() or [""]:
+        lines += textwrap.wrap(paragraph, width, initial_indent=indent, subsequent_indent=indent + "  ",
+                               break_long_words=False, break_on_hyphens=False) or [indent]
+    return lines
+
+
+def format_grade(sub: Submission, width: int = 100) -> str:
+    """A submission's checks, each failure's message in full (wrapped), then its score."""
+    lines = [f"{sub.path}  ({sub.exercise}, {sub.learner})"]
+    for c in sub.checks:
+        lines.append(f"  {c.result.upper() if c.result != 'passed' else 'passed':10s} {c.check}")
+        if c.result != "passed" and c.message:
+            lines += _wrap(c.message, " " * 13, width)
+    for note in sub.notes:
+        lines += _wrap(f"note: {note}", "  ", width)
+    if not sub.unreadable:
+        lines.append(f"  score {sub.passed}/{sub.total} checks passed")
     return "\n".join(lines)
 
 
+def summary_table(subs: list[Submission]) -> str:
+    """One line per learner: notebooks, checks passed, and the exercises not yet complete."""
+    learners: dict[str, list[Submission]] = {}
+    for sub in subs:
+        learners.setdefault(sub.learner, []).append(sub)
+    name_width = max([len(name) for name in learners] + [7])
+    lines = [f"{'learner':<{name_width}}  notebooks  passed  checks  score  not complete"]
+    for name, own in sorted(learners.items()):
+        passed, total = sum(s.passed for s in own), sum(s.total for s in own)
+        todo = [s.exercise if not s.unreadable else f"{s.path.name} (unreadable)" for s in own
+                if s.unreadable or s.passed < s.total]
+        score = f"{100 * passed / total:4.0f}%" if total else "   -"
+        lines.append(f"{name:<{name_width}}  {len(own):9d}  {passed:6d}  {total:6d}  {score}  {', '.join(todo) or '-'}")
+    return "\n".join(lines)
+
+
+def write_csv(subs: list[Submission], path: str | Path) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(CSV_COLUMNS)
+        for sub in subs:
+            for c in sub.checks:
+                writer.writerow([str(sub.path), sub.exercise, c.check, c.result, c.message])
+
+
 def add_arguments(parser) -> None:
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="exercise notebooks to grade")
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="exercise notebooks, or folders of them (submissions/<learner>/<exercise>.ipynb)")
+    parser.add_argument("--csv", metavar="FILE", help="write the gradebook: one row per (submission, check)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a cell may run (default 120)")
+    parser.add_argument("--jobs", type=int, default=None, help="notebooks graded at once (default: one per CPU core)")
 
 
 def run(args) -> int:
-    grades = []
-    for path in args.paths:
-        if not Path(path).is_file():
-            print(f"{path}\n  ERROR  no such file")
-            grades.append(NotebookGrade(Path(path), error="no such file"))
-            continue
-        grades.append(grade_notebook(path, timeout=args.timeout))
-        print(format_grade(grades[-1]))
+    subs = grade_all(args.paths, timeout=args.timeout, jobs=args.jobs)
+    if not subs:
+        print("no notebooks found in " + ", ".join(args.paths))
+        return 1
+    for sub in subs:
+        print(format_grade(sub))
         print()
-    passed, total = sum(g.passed for g in grades), sum(g.total for g in grades)
-    if len(grades) > 1 and total:
-        print(f"Total: {passed}/{total} checks passed ({100 * passed / total:.0f}%)")
-    return 0 if total and passed == total and not any(g.error for g in grades) else 1
+    if len({s.learner for s in subs}) > 1 or len(subs) > 1:
+        print(summary_table(subs))
+    if args.csv:
+        write_csv(subs, args.csv)
+        print(f"\ngradebook: {args.csv} ({sum(len(s.checks) for s in subs)} rows)")
+    complete = all(s.total and s.passed == s.total and not s.unreadable for s in subs)
+    return 0 if complete else 1

@@ -1,104 +1,249 @@
-"""Exercises come from solutions, fail untouched for the intended reason, and grade cleanly."""
+"""Exercises come from solutions, fail untouched for the intended reason, and solutions pass grading.
+
+The grader's own behaviour with a class of submissions (gaming, timeouts, corrupt files, the CSV)
+is tested in tests/test_grade.py.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 
 from ampteach import exercises
-from ampteach.grade import format_grade, grade_notebook
+from ampteach.checks import CheckFailed
+from ampteach.autograde import course_copy, known_exercises
+from ampteach.grade import format_grade, grade_all
 
 ROOT = Path(__file__).parents[1]
-EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+# The bug hunt starts from a script that runs (with its planted bugs), not from a stub.
+STARTS_FROM_CODE = {"debug_amp_bug_hunt"}
+# The course's pytest run (the root conftest) runs every solution with its hidden checks; these are
+# also graded here through `ampteach grade`, one of each kind: a stub, a starter script, a table,
+# a hidden cell of its own, a class.
+GRADED_HERE = [ROOT / "solutions" / f"{name}.ipynb" for name in (
+    "build_2_loss_scale_update", "build_4_cast_lists", "debug_amp_bug_hunt", "predict_transformer_dtypes",
+    "build_5_grad_scaler")]
 
 
-def test_exercises_are_in_sync_with_solutions():
+# --- the generator ---------------------------------------------------------------------------------
+
+def test_exercises_and_grading_copies_are_in_sync_with_solutions():
     out = subprocess.run([sys.executable, "-m", "ampteach.exercises", "--check"], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_solution_regions_become_stubs_keeping_indentation_and_hidden_tests_vanish():
-    source = "def f(x):\n    ### BEGIN SOLUTION\n    return x + 1\n    ### END SOLUTION\n" \
-             "### BEGIN HIDDEN TESTS\nassert f(1) == 2\n### END HIDDEN TESTS\nprint('kept')"
+def test_solution_regions_become_stubs_keeping_indentation_and_hidden_checks_vanish():
+    source = ("def f(x):\n    ### BEGIN SOLUTION\n    return x + 1\n    ### END SOLUTION\n"
+              "### BEGIN HIDDEN CHECKS\nassert f(1) == 2\n### END HIDDEN CHECKS\n"
+              "### BEGIN HIDDEN TESTS\nassert f(2) == 3\n### END HIDDEN TESTS\nprint('kept')")
     assert exercises.strip_regions(source, code=True) == \
         "def f(x):\n    # YOUR CODE HERE\n    raise NotImplementedError()\nprint('kept')"
     assert exercises.strip_regions("Answer:\n### BEGIN SOLUTION\n42\n### END SOLUTION", code=False) == \
         "Answer:\nYOUR ANSWER HERE"
 
 
+def test_starter_code_replaces_the_solution_uncommented():
+    source = ("x = {\n    ### BEGIN SOLUTION\n    'a': 1,\n    ### STARTER CODE\n    # 'a': '?',\n    #\n"
+              "    # 'b': '?',  # a note\n    ### END SOLUTION\n}")
+    assert exercises.strip_regions(source, code=True) == "x = {\n    'a': '?',\n\n    'b': '?',  # a note\n}"
+
+
 @pytest.mark.parametrize("source, problem", [
     ("### BEGIN SOLUTION\nx = 1", "never closed"),
     ("x = 1\n### END SOLUTION", "without a matching"),
     ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION", "inside an open"),
+    ("### BEGIN HIDDEN CHECKS\nx = 1\n### END HIDDEN TESTS", "without a matching"),
+    ("### STARTER CODE\n# x", "belongs inside"),
+    ("### BEGIN SOLUTION\nx = 1\n### STARTER CODE\nx = 2\n### END SOLUTION", "written as '# ' comments"),
 ])
 def test_unpaired_markers_are_reported(source, problem):
     with pytest.raises(exercises.MarkerError, match=problem):
         exercises.strip_regions(source, code=True, where="x.ipynb, cell 3")
 
 
-def test_generated_exercise_has_no_outputs_and_the_solution_is_untouched():
-    solution = nbformat.v4.new_notebook(cells=[
+def _solution() -> nbformat.NotebookNode:
+    cells = [
+        nbformat.v4.new_markdown_cell("# A title"),
         nbformat.v4.new_code_cell("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION",
                                   execution_count=3, outputs=[nbformat.v4.new_output("stream", text="hi")]),
-    ])
-    exercise = exercises.make_exercise(solution)
-    assert exercise.cells[0].outputs == [] and exercise.cells[0].execution_count is None
-    assert "raise NotImplementedError()" in exercise.cells[0].source
-    assert solution.cells[0].execution_count == 3 and "return 1" in solution.cells[0].source
+        nbformat.v4.new_code_cell("check_one(f)"),
+        nbformat.v4.new_code_cell("### BEGIN HIDDEN CHECKS\ncheck_two(f)\n### END HIDDEN CHECKS"),
+    ]
+    for i, cell in enumerate(cells):
+        cell.id = f"cell-{i}"
+    return nbformat.v4.new_notebook(cells=cells)
+
+
+def test_generated_exercise_has_no_outputs_no_hidden_cells_and_names_itself():
+    solution = _solution()
+    exercise = exercises.make_exercise(solution, "my_exercise.ipynb")
+    assert [c.id for c in exercise.cells] == ["cell-0", "cell-1", "cell-2"]      # the all-hidden cell is gone
+    assert exercise.cells[1].outputs == [] and exercise.cells[1].execution_count is None
+    assert "raise NotImplementedError()" in exercise.cells[1].source
+    assert exercise.metadata["ampteach"] == {"exercise": "my_exercise"}
+    assert exercise.cells[2].metadata["editable"] is False and exercise.cells[2].metadata["deletable"] is False
+    assert "editable" not in exercise.cells[1].metadata                          # the learner's cell stays open
+    assert solution.cells[1].execution_count == 3 and "return 1" in solution.cells[1].source
     with pytest.raises(exercises.MarkerError, match="nothing to write"):
         exercises.make_exercise(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]))
 
 
-@pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.name)
-def test_untouched_exercise_fails_in_its_check_cells_because_of_not_implemented(path):
-    grade = grade_notebook(path, timeout=300)
-    report = format_grade(grade)
-    assert not grade.error, report
-    assert grade.total >= 1, report
-    for cell in grade.cells:
-        if cell.checks:
-            assert cell.status == "failed" and cell.message.startswith("NotImplementedError"), report
-        else:
-            assert cell.status == "passed", report  # setup, demos: never an import error
-    assert grade.passed == 0
+def test_grading_copy_holds_every_check_with_its_place_and_no_solution():
+    copy = exercises.grading_copy(_solution(), "my_exercise.ipynb")
+    assert copy["exercise"] == "my_exercise"
+    visible, hidden = copy["checks"]
+    assert (visible["id"], visible["functions"], visible["hidden"]) == ("cell-2", ["check_one"], False)
+    assert (hidden["id"], hidden["functions"], hidden["hidden"]) == ("cell-3", ["check_two"], True)
+    assert hidden["source"] == "check_two(f)" and hidden["after"] == ["cell-2", "cell-1", "cell-0"]
+    assert "return 1" not in json.dumps(copy)
 
 
-def test_grading_a_solution_scores_every_check(capsys):
-    grade = grade_notebook(ROOT / "solutions" / "build_2_loss_scale_update.ipynb")
-    assert grade.total >= 1 and grade.passed == grade.total, format_grade(grade)
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_the_package_copy_holds_no_solution_code(path):
+    solution = nbformat.read(path, as_version=4)
+    regions = re.findall(r"### BEGIN SOLUTION\n(.*?)### (?:STARTER CODE|END SOLUTION)",
+                         "\n".join(c.source for c in solution.cells), flags=re.S)
+    shipped = json.dumps(course_copy(path.stem))
+    lines = {line.strip() for region in regions for line in region.splitlines()
+             if len(line.strip()) > 25 and not line.strip().startswith("#")}
+    assert lines and not [line for line in lines if line in shipped]
 
 
-def test_an_endless_loop_fails_cleanly_at_the_cell_timeout(tmp_path):
-    nb = nbformat.v4.new_notebook(cells=[
-        nbformat.v4.new_code_cell("from ampteach.checks import check_loss_scale_update"),
-        nbformat.v4.new_code_cell("def update_scale(*args):\n    while True:\n        pass"),
-        nbformat.v4.new_code_cell("check_loss_scale_update(update_scale)"),
-        nbformat.v4.new_code_cell("print('the kernel is still alive')"),
-    ])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    path = tmp_path / "loop.ipynb"
-    nbformat.write(nb, path)
-    out = subprocess.run([sys.executable, "-m", "ampteach", "grade", "--timeout", "10", str(path)],
-                         capture_output=True, text=True, timeout=180)
-    assert out.returncode == 1
-    assert "TIMEOUT" in out.stdout and "score 0/1 checks passed" in out.stdout
+def test_every_solution_has_a_grading_copy_in_the_package_and_the_wheel_ships_it():
+    assert known_exercises() == sorted(p.stem for p in SOLUTIONS)
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    shipped = config["tool"]["setuptools"]["package-data"]["ampteach"]
+    assert "exercise_checks/*.json" in shipped
 
 
-def test_notebook_cells_wait_patiently_for_output_on_a_busy_machine():
-    import pytest as _pytest
+# --- exercises and solutions, graded -------------------------------------------------------------------
 
-    from ampteach.grade import OUTPUT_PATIENCE
+@pytest.fixture(scope="module")
+def untouched():
+    return {sub.exercise: sub for sub in grade_all([str(ROOT / "exercises")], timeout=300, jobs=2)}
 
-    seen = []
 
-    class Probe:
-        def pytest_collection_finish(self, session):
-            seen.extend(getattr(item, "output_timeout", None) for item in session.items)
+@pytest.mark.slow
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_untouched_exercise_fails_every_check_for_the_intended_reason(untouched, path):
+    sub = untouched[path.stem]
+    report = format_grade(sub)
+    copy = course_copy(path.stem)
+    assert len(sub.checks) == len(copy["checks"]) >= 1, report
+    assert sub.passed == 0 and all(c.result == "failed" for c in sub.checks), report
+    for note in sub.notes:                                           # setup cells ran; demos of the
+        assert "NotImplementedError" in note, report                 # learner's code wait for it
+    for c in sub.checks:
+        assert not re.match(r"(ImportError|ModuleNotFoundError|NameError|SyntaxError|AttributeError)", c.message), report
+        if path.stem not in STARTS_FROM_CODE:
+            assert c.message.startswith("NotImplementedError"), report
+    assert sum("(hidden)" in c.check for c in sub.checks) == sum(c["hidden"] for c in copy["checks"]), report
 
-    args = [str(ROOT / "solutions" / "build_2_loss_scale_update.ipynb"), "--collect-only", "-q", "-p", "ampteach.grade"]
-    assert _pytest.main(args, plugins=[Probe()]) == 0
-    assert seen and set(seen) == {OUTPUT_PATIENCE}
+
+@pytest.mark.slow
+def test_solutions_pass_grading_hidden_checks_included():
+    subs = grade_all([str(p) for p in GRADED_HERE], timeout=300, jobs=2)
+    assert len(subs) == len(GRADED_HERE)
+    for sub in subs:
+        assert sub.total == len(course_copy(sub.exercise)["checks"]) and sub.passed == sub.total, format_grade(sub)
+
+
+# --- checks that guard against borrowed answers and name common mistakes ---------------------------------
+
+def test_torchs_own_scaler_is_refused_inside_the_build_5_check():
+    from ampteach.checks import check_grad_scaler
+
+    class Borrowed:
+        def __init__(self, *args, **kwargs):
+            self.inner = torch.amp.GradScaler(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    with pytest.raises(CheckFailed, match="build the scaler"):
+        check_grad_scaler(Borrowed)
+    with pytest.raises(CheckFailed, match="inherits from a ready-made scaler"):
+        check_grad_scaler(torch.amp.GradScaler)
+
+
+def test_torch_autocast_is_refused_inside_the_build_6_check():
+    from ampteach.checks import check_autocast_mode
+
+    class Borrowed(torch.overrides.TorchFunctionMode):
+        def __init__(self, device_type, dtype):
+            super().__init__()
+            self.region = torch.autocast(device_type, dtype=dtype)
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with pytest.raises(CheckFailed, match="cast the inputs yourself"):
+        check_autocast_mode(Borrowed)
+
+
+def test_e6_2a_names_the_half_tensor_left_half_and_the_loss_left_inside_autocast():
+    from ampteach.checks import check_tiny_loss
+
+    def disabled_only(logits):
+        with torch.autocast(logits.device.type, enabled=False):
+            return torch.log(torch.sigmoid(logits).sum())
+
+    def float_only(logits):
+        return torch.log(torch.sigmoid(logits.float()).sum())
+
+    with pytest.raises(CheckFailed, match=r"autocast\(enabled=False\) does not upcast tensors that are already half"):
+        check_tiny_loss(disabled_only)
+    with pytest.raises(CheckFailed, match="ran inside the autocast region"):
+        check_tiny_loss(float_only)
+
+
+def test_e6_2b_asks_about_zero_grad_and_about_clipping_before_unscale():
+    from ampteach.checks import check_clipped_step
+    from ampteach.checks.when_amp_is_wrong import _reference_accum_step as step
+
+    check_clipped_step(step)
+    with pytest.raises(CheckFailed, match="did you zero_grad"):
+        check_clipped_step(lambda *a: step(*a, zero=False))
+    with pytest.raises(CheckFailed, match="BEFORE clipping"):
+        check_clipped_step(lambda *a: step(*a, unscale_first=False))
+    with pytest.raises(CheckFailed, match="SUM over the micro-batches"):
+        check_clipped_step(lambda *a: step(*a, mean=False))
+
+
+def test_build_4_feedback_does_not_give_the_answer_away():
+    from ampteach.cast_lists import policy_of
+    from ampteach.checks import CAST_LIST_OPS, CHALLENGE_OPS, check_cast_lists
+
+    answer = {d: {op: policy_of(op, d) for op in CAST_LIST_OPS + CHALLENGE_OPS} for d in ("cpu", "cuda")}
+    answer["cuda"]["sum"] = "fp32"                   # the right family, the wrong list
+    with pytest.raises(CheckFailed) as failure:
+        check_cast_lists(lambda: answer)
+    assert "cuda sum" in str(failure.value) and "fp32_set_opt_dtype'" not in str(failure.value)
+    with pytest.raises(ValueError, match="reason out"):
+        from ampteach.checks import observe_autocast
+        observe_autocast(CHALLENGE_OPS[0], "cpu")
+
+
+def test_the_mx_check_agrees_with_the_course_library_where_it_exists():
+    """The exercise's OCP rule (ampteach.checks.mx_blocks) is written independently of ampteach.mx."""
+    mx = pytest.importorskip("ampteach.mx")
+    from ampteach.checks.mx_blocks import ELEMENTS, mx_cases, ocp_reference
+
+    for name, x in {**mx_cases(), **mx_cases(hidden=True)}.items():
+        blocks = x.reshape(*x.shape[:-1], -1, 32)
+        for elem in ELEMENTS:
+            e, p = ocp_reference(x, elem)
+            theirs = mx.mx_quantize(x, elem, block_size=32, scale_rounding="floor")
+            ours = (p.double().reshape(blocks.shape) * torch.exp2(e.double())[..., None]).reshape(x.shape)
+            assert torch.equal(mx.mx_dequantize(theirs).double(), ours), (name, elem)
+            nonzero = blocks.abs().amax(-1) > 0
+            assert torch.equal(theirs.scale_codes.long()[nonzero] - 127, e.long()[nonzero]), (name, elem)
