@@ -7,7 +7,8 @@
 
 The imports below are a map of the library: each name comes from the module (and lesson) that
 teaches it. Tools that are not part of the training API live in their own modules and are imported
-where used: ampteach.bench, .checks, .grade, .exercises, .doctor, .reference, .distributed, .cli.
+where used: ampteach.bench, .checks, .grade, .autograde, .exercises, .scale_logs, .doctor, .reference,
+.distributed, .cli.
 """
 
 from __future__ import annotations
