@@ -137,15 +137,9 @@ def installed() -> bool:
 # ---------------------------------------------------------------------------------------------------
 # Casting, as torch's at::autocast::cached_cast
 
-def _on_cpu(t: torch.Tensor) -> bool:
-    return t.is_cpu or t.is_mkldnn
-
-
-def _on_cuda(t: torch.Tensor) -> bool:
-    return t.is_cuda
-
-
-_ON_DEVICE = {"cpu": _on_cpu, "cuda": _on_cuda}
+def _on_device(device: str) -> Callable[[torch.Tensor], bool]:
+    """Whether a tensor is on `device` as autocast counts it (CPU: CPU or oneDNN tensors)."""
+    return (lambda t: t.is_cpu or t.is_mkldnn) if device == "cpu" else (lambda t: t.is_cuda)
 
 
 _CONVERT = {torch.bfloat16: torch.Tensor.bfloat16, torch.float16: torch.Tensor.half, torch.float32: torch.Tensor.float}
@@ -156,27 +150,40 @@ def _converter(to: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
     return _CONVERT.get(to) or (lambda t: t.to(to))
 
 
-def _cast(t: torch.Tensor | None, to: torch.dtype, convert: Callable, on_device: Callable, cache: bool) -> Any:
-    """t.to(to) if t is eligible (floating, on the device, not float64) and not already `to`.
+def _caster(device: str) -> Callable:
+    """cast(t, to, convert, cache) for one device's kernels: torch's at::autocast::cached_cast."""
+    cpu = device == "cpu"
+    cache_enabled, inference_mode, is_cached, grad_enabled = (
+        torch.is_autocast_cache_enabled, torch.is_inference_mode_enabled, torch._C._is_cached_tensor, torch.is_grad_enabled)
 
-    With cache=True (to is the region's dtype), an fp32 leaf that requires grad and is not a view
-    is cast once per region: the weight-cast cache. The cast is made with grad enabled (a cast first
-    made under no_grad still carries gradients later), never in inference mode, and keyed by the
-    tensor alone (an inner region with another dtype gets the outer region's cast, as in torch).
-    """
-    if t is None or t.dtype is to or not t.is_floating_point() or t.dtype is _F64 or not on_device(t):
-        return t
-    if (cache and t.dtype is _F32 and t.requires_grad and t.is_leaf and not t._is_view()
-            and torch.is_autocast_cache_enabled() and not torch.is_inference_mode_enabled()
-            and not torch._C._is_cached_tensor(t)):
-        hit = _cache.get(id(t))
-        if hit is not None and hit[0] is t:
-            return hit[1]
-        with torch.enable_grad():
-            cast = convert(t)
-        _cache[id(t)] = (t, cast)          # holding t keeps its id from being reused while cached
-        return cast
-    return convert(t)
+    def cast(t: torch.Tensor, to: torch.dtype, convert: Callable, cache: bool) -> torch.Tensor:
+        """t.to(to) if t is eligible (floating, on the device, not float64) and not already `to`.
+
+        With cache=True (to is the region's dtype), an fp32 leaf that requires grad and is not a
+        view is cast once per region: the weight-cast cache. The cast is made with grad enabled (a
+        cast first made under no_grad still carries gradients later), never in inference mode, and
+        keyed by the tensor alone (an inner region with another dtype gets the outer region's cast,
+        as in torch).
+        """
+        dtype = t.dtype
+        if dtype is to or dtype is _F64 or not t.is_floating_point() or not (
+                (t.is_cpu or t.is_mkldnn) if cpu else t.is_cuda):
+            return t
+        if (cache and dtype is _F32 and t.requires_grad and t.is_leaf and not t._is_view() and cache_enabled()
+                and not inference_mode() and not is_cached(t)):
+            hit = _cache.get(id(t))
+            if hit is not None and hit[0] is t:
+                return hit[1]
+            if grad_enabled():
+                cast_t = convert(t)
+            else:
+                with torch.enable_grad():
+                    cast_t = convert(t)
+            _cache[id(t)] = (t, cast_t)          # holding t keeps its id from being reused while cached
+            return cast_t
+        return convert(t)
+
+    return cast
 
 
 def _prioritize(current: torch.dtype, t: torch.Tensor, low: torch.dtype, on_device: Callable, op: str) -> torch.dtype:
@@ -268,38 +275,87 @@ def _casts_last_argument_first() -> bool:
     return seen[0]
 
 
+# The course's hot ops, called through their Python bindings, which parse arguments faster than the
+# generic torch.ops call. A binding may have other defaults than the schema (torch._C._nn.
+# cross_entropy_loss defaults to no reduction), and a Python kernel receives its arguments with the
+# trailing defaults left out, so every argument is passed explicitly. With all arguments given, each
+# binding resolves to the overload registered (tests compare dispatch traces and bits with torch's).
+_BINDINGS: dict[str, Callable] = {
+    "linear": torch._C._nn.linear, "mm": torch._C._VariableFunctions.mm, "addmm": torch._C._VariableFunctions.addmm,
+    "bmm": torch._C._VariableFunctions.bmm, "baddbmm": torch._C._VariableFunctions.baddbmm,
+    "matmul": torch._C._VariableFunctions.matmul, "conv1d": torch._C._VariableFunctions.conv1d,
+    "conv2d": torch._C._VariableFunctions.conv2d, "conv3d": torch._C._VariableFunctions.conv3d,
+    "cross_entropy_loss": torch._C._nn.cross_entropy_loss, "nll_loss": torch._C._nn.nll_loss,
+    "softmax.int": torch._C._VariableFunctions.softmax, "log_softmax.int": torch._C._VariableFunctions.log_softmax,
+    "layer_norm": torch._C._VariableFunctions.layer_norm,
+}
+
+
+def _binding_call(name: str, op: torch._ops.OpOverload) -> Callable | None:
+    """call(*args, **kwargs) through the op's binding, with the schema's defaults filled in; None if none."""
+    binding = _BINDINGS.get(name)
+    if binding is None:
+        return None
+    arguments = op._schema.arguments
+    positional = [a.default_value for a in arguments if not a.kwarg_only]
+    index = {a.name: i for i, a in enumerate(arguments) if not a.kwarg_only}
+    keyword = {a.name: a.default_value for a in arguments if a.kwarg_only}
+
+    def call(*args, **kwargs):
+        if kwargs and any(k in index for k in kwargs):   # a positional argument by name (fp32_set_opt_dtype's dtype=)
+            args = [*args, *positional[len(args):]]
+            for k in [k for k in kwargs if k in index]:
+                args[index[k]] = kwargs.pop(k)
+        return binding(*args, *positional[len(args):], **(keyword | kwargs if keyword else kwargs))
+
+    return call
+
+
 def _body(device: str, name: str, policy: str) -> Callable:
     """body(args, kwargs, use_cache) -> the op's result, cast by `policy` as torch's wrapper casts."""
     op = _overload(name)
-    on_device = _ON_DEVICE[device]
-    call = op._op                          # what OpOverload.__call__ calls, one Python frame less
+    on_device, cast = _on_device(device), _caster(device)
+    call = _binding_call(name, op) or op._op   # op._op: what OpOverload.__call__ calls, one Python frame less
     slots = _slots(op)
     order = slots[::-1] if _casts_last_argument_first() else slots
     no_autocast = torch._C._DisableAutocast
     get_dtype = torch.get_autocast_dtype
+    plain = tuple(slot.index for slot in order if not slot.keyword and not slot.is_list)
 
     def cast_all(args: tuple, kwargs: dict, to: torch.dtype, cache: bool):
         convert = _converter(to)
-        args, kwargs = list(args), dict(kwargs)
+        args = list(args)
         n = len(args)
+        if len(plain) == len(order):           # the usual op: positional Tensor / Tensor? arguments only
+            for i in plain:
+                if i < n and args[i] is not None:
+                    args[i] = cast(args[i], to, convert, cache)
+            return args, kwargs
+        kwargs = dict(kwargs)
         for slot in order:
-            if slot.keyword:
-                if slot.name not in kwargs:
-                    continue
-                value = kwargs[slot.name]
-            elif slot.index < n:
-                value = args[slot.index]
-            else:
-                continue
-            value = ([_cast(t, to, convert, on_device, cache) for t in value] if slot.is_list
-                     else _cast(value, to, convert, on_device, cache))
-            if slot.keyword:
-                kwargs[slot.name] = value
-            else:
-                args[slot.index] = value
+            where, key = (kwargs, slot.name) if slot.keyword else (args, slot.index)
+            if (slot.name in kwargs) if slot.keyword else slot.index < n:
+                value = where[key]
+                if slot.is_list:
+                    where[key] = [cast(t, to, convert, cache) if t is not None else t for t in value]
+                elif value is not None:
+                    where[key] = cast(value, to, convert, cache)
         return args, kwargs
 
-    if policy == "lower_precision_fp":
+    if policy in ("lower_precision_fp", "fp32") and len(plain) == len(order):   # the hot path, flat
+        fp32 = policy == "fp32"
+
+        def body(args, kwargs, use_cache):
+            to = _F32 if fp32 else get_dtype(device)
+            convert, cache, args, n = _CONVERT.get(to) or _converter(to), use_cache and not fp32, list(args), len(args)
+            with no_autocast():
+                for i in plain:
+                    if i < n:
+                        t = args[i]
+                        if t is not None and t.dtype is not to:
+                            args[i] = cast(t, to, convert, cache)
+                return call(*args, **kwargs)
+    elif policy == "lower_precision_fp":
         def body(args, kwargs, use_cache):
             with no_autocast():
                 args, kwargs = cast_all(args, kwargs, get_dtype(device), use_cache)
@@ -356,14 +412,16 @@ def _kernel(device: str, name: str, policy: str) -> Callable:
     body = _body(device, name, policy)
     op = _overload(name)
     label = cast_lists.base_name(name)
+    no_torch_function, modes_on = torch._C.DisableTorchFunction, torch._C._is_torch_function_mode_enabled
 
     def kernel(*args, **kwargs):
         thread = _thread
-        if thread.depth:
-            if thread.recorders:
-                return _recorded(label, policy, body, args, kwargs)
-            return body(args, kwargs, True)
-        return _outside_ampteach(op, body, args, kwargs)
+        if not thread.depth:
+            return _outside_ampteach(op, body, args, kwargs)
+        if modes_on():                      # torch's C++ wrapper reaches no torch function mode: nor do our casts
+            with no_torch_function():
+                return _recorded(label, policy, body, args, kwargs) if thread.recorders else body(args, kwargs, True)
+        return _recorded(label, policy, body, args, kwargs) if thread.recorders else body(args, kwargs, True)
 
     kernel.__name__ = kernel.__qualname__ = f"ampteach_autocast_{device}_{name.replace('.', '_')}"
     return kernel
@@ -385,7 +443,8 @@ def _outside_ampteach(op: torch._ops.OpOverload, body: Callable, args: tuple, kw
         if not others:
             uninstall()
     if others:      # another thread's ampteach region runs on these kernels: serve, without the cache
-        return body(args, kwargs, False)
+        with torch._C.DisableTorchFunction():
+            return body(args, kwargs, False)
     return op(*args, **kwargs)      # dispatched again from the top: torch's own kernel now
 
 
@@ -459,7 +518,7 @@ class autocast:
         self.device = device_type
         if not torch._C._is_autocast_available(device_type):
             raise RuntimeError(f"User specified an unsupported autocast device_type '{device_type}'")
-        lists = torch.device(device_type).type
+        lists = _device_type(device_type)
         if lists not in DEVICE_KEYS:
             raise ValueError(f"ampteach.autocast has cast lists for 'cpu' and 'cuda', got device_type={device_type!r}; "
                              f"use torch.autocast({device_type!r}) for that device")
@@ -509,8 +568,11 @@ class autocast:
     def __exit__(self, exc_type, exc_value, traceback) -> bool:
         global _open
         thread = _thread
-        i = max(i for i, (region, _) in enumerate(thread.saved) if region is self)   # the innermost entry of self
-        _, before = thread.saved.pop(i)
+        saved = thread.saved
+        i = len(saved) - 1
+        while saved[i][0] is not self:          # the innermost entry of self (regions may exit out of order)
+            i -= 1
+        _, before = saved.pop(i)
         if torch.autocast_decrement_nesting() == 0:
             torch.clear_autocast_cache()
         _restore(self.device, before)
@@ -537,6 +599,12 @@ class autocast:
 
         decorate_autocast.__script_unsupported = "@autocast() decorator is not supported in script mode"
         return decorate_autocast
+
+
+@functools.lru_cache(maxsize=64)
+def _device_type(device: str) -> str:
+    """'cpu:0' -> 'cpu' (a device string's type, as torch.device parses it)."""
+    return torch.device(device).type
 
 
 def _restore(device: str, state: tuple) -> None:
