@@ -400,6 +400,28 @@ def test_torch_function_overrides_and_monkeypatches_are_honoured(region, monkeyp
     assert len(calls) == 4 * 3
 
 
+def test_a_torch_function_mode_sees_the_same_calls_as_under_torch():
+    """The region and its kernels add no call a torch function mode sees (the kernels' own casts and
+    calls run where every mode is off, or under DisableTorchFunction)."""
+    class Log(torch.overrides.TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.calls.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    seen = []
+    for make in (torch.autocast, autocast):
+        torch.manual_seed(0)
+        model, log = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)), Log()
+        with make("cpu"), log:
+            F.cross_entropy(model(torch.randn(3, 4)), torch.tensor([0, 1, 0]))
+        seen.append(log.calls)
+    assert seen[0] == seen[1] and "linear" in seen[0]
+
+
 @pytest.mark.parametrize("region", ["torch", "ampteach"])
 def test_out_of_order_exit_leaves_other_modes_alone(region):
     make = {"torch": torch.autocast, "ampteach": autocast}[region]
