@@ -210,22 +210,26 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    try:
+    def measure() -> dict:
         model = width_model(args.width) if args.width is not None else args.model
-        result = run_bench(args.device, args.epochs, args.batch_size, model, tuple(args.configs.split(",")),
-                           tuple(args.impls.split(",")), args.warmup_steps, progress=not args.no_progress,
-                           repeat=args.repeat)
+        return run_bench(args.device, args.epochs, args.batch_size, model, tuple(args.configs.split(",")),
+                         tuple(args.impls.split(",")), args.warmup_steps, progress=not args.no_progress,
+                         repeat=args.repeat)
+
+    return run_command("bench", measure, format_table, args.out)
+
+
+def run_command(name: str, measure, describe, out: Path | None) -> int:
+    """A measuring command's CLI: print describe(measure()) and write it as JSON to out (when given); a
+    ValueError or RuntimeError (a bad option, no GPU) is printed as `ampteach NAME: ...` with exit code 2."""
+    try:
+        result = measure()
     except (ValueError, RuntimeError) as exc:
-        print(f"ampteach bench: {exc}")
+        print(f"ampteach {name}: {exc}")
         return 2
-    print(format_table(result))
-    save_result(result, args.out)
-    return 0
-
-
-def save_result(result: dict, out: Path | None) -> None:
-    """Write a command's result as JSON to out (creating its folder), when out is given."""
+    print(describe(result))
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {out}")
+    return 0

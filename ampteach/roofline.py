@@ -256,16 +256,15 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from .bench import save_result
+    from .bench import run_command
 
-    try:
-        sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else None
+    def measure() -> dict:
+        try:
+            sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else None
+        except ValueError:
+            raise ValueError(f"--sizes must be comma-separated matrix sizes like 256,512,1024, got {args.sizes!r}") from None
         ops = ("matmul", "add") if args.add else ("matmul",)
-        table = roofline_table(args.device, sizes, tuple(args.dtypes.split(",")), ops, args.min_seconds, args.max_seconds,
-                               clock=args.clock)
-    except (ValueError, RuntimeError) as exc:
-        print(f"ampteach roofline: {exc}")
-        return 2
-    print(format_table(table))
-    save_result(table, args.out)
-    return 0
+        return roofline_table(args.device, sizes, tuple(args.dtypes.split(",")), ops, args.min_seconds,
+                              args.max_seconds, clock=args.clock)
+
+    return run_command("roofline", measure, format_table, args.out)

@@ -126,7 +126,7 @@ def test_errors_say_what_to_do():
         assert run.returncode == 2 and "use --device cpu" in run.stdout
     bad = subprocess.run([sys.executable, "-m", "ampteach", "roofline", "--sizes", "8,x"],
                          capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "ampteach roofline:" in bad.stdout
+    assert bad.returncode == 2 and "--sizes must be comma-separated matrix sizes like 256,512,1024" in bad.stdout
 
 
 def test_cpu_clock_needs_one_thread():
