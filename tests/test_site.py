@@ -13,12 +13,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from site_checks import ROOT, broken_cells, built_site, cell_figures, html_pages, page_of
+from site_checks import ROOT, SPHINX_NOTICES, broken_cells, built_site, cell_figures, html_pages, page_of
 
 from ampteach import cli
 
-# Sphinx's notices about its own future API, raised inside the theme and myst-parser (not this project's code).
-pytestmark = pytest.mark.filterwarnings("ignore:.*Check CHANGES for Sphinx API modifications")
+pytestmark = SPHINX_NOTICES
 site = pytest.importorskip("ampteach.site")
 pytest.importorskip("myst_nb", reason='the site tools are not installed: pip install -e ".[site]"')
 

@@ -1,0 +1,287 @@
+"""The course in a real browser: the static site in headless Chromium, and lesson 2's slider in JupyterLab.
+
+Uses Debian's Chromium (`apt-get install chromium`) driven by Python's playwright (the site extra);
+playwright's own browser download is not needed. Without either the tests skip and say why, unless
+AMPTEACH_REQUIRE_BROWSER is set (CI sets it), where they fail instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from urllib.parse import urldefrag, urlsplit
+
+import pytest
+from site_checks import ROOT, SPHINX_NOTICES, built_site
+
+pytestmark = SPHINX_NOTICES
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+LESSON_2 = "02_underflow_and_loss_scaling.ipynb"
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
+
+
+def unavailable(reason: str):
+    if os.environ.get("AMPTEACH_REQUIRE_BROWSER"):
+        pytest.fail(f"{reason} (AMPTEACH_REQUIRE_BROWSER is set)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """Chromium with a new, empty profile; every request that leaves this machine is refused and recorded."""
+    if not os.access(CHROMIUM, os.X_OK):
+        unavailable(f"no Chromium at {CHROMIUM}: apt-get install chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        unavailable('playwright is not installed: pip install -e ".[site]"')
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM, headless=True, args=FLAGS,
+            viewport={"width": 1280, "height": 900})
+        context.outside = []
+
+        def route(route):
+            if urlsplit(route.request.url).hostname in LOCAL_HOSTS:
+                route.continue_()
+            else:
+                context.outside.append(route.request.url)
+                route.abort()
+
+        context.route("**/*", route)
+        yield context
+        context.close()
+
+
+def watch(page) -> list[str]:
+    """Script errors of a page as they happen: uncaught exceptions and console errors."""
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(f"{page.url}: {error}"))
+    page.on("console", lambda message: errors.append(f"{page.url}: console: {message.text}")
+            if message.type == "error" else None)
+    return errors
+
+
+# ---------------------------------------------------------------- the static site
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def served():
+    """The course site, served on a free localhost port for the module's tests."""
+    out = built_site()[0].out
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(out)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield out, f"http://127.0.0.1:{server.server_port}/"
+    server.shutdown()
+    thread.join()
+
+
+ALL_IMAGES_LOADED = """async () => {
+    const images = [...document.images];
+    images.forEach(img => { img.loading = "eager"; });
+    await Promise.all(images.map(img => img.complete ? null : new Promise(done => { img.onload = img.onerror = done; })));
+    return {broken: images.filter(img => img.naturalWidth === 0).map(img => img.currentSrc.slice(0, 120)),
+            count: images.length,
+            links: [...document.querySelectorAll("a[href]")].map(a => a.href),
+            ids: [...document.querySelectorAll("[id]")].map(e => e.id)};
+}"""
+
+
+@pytest.fixture(scope="module")
+def crawl(browser, served):
+    """Every page of the site opened in Chromium: its script errors, broken images, links and ids."""
+    out, base = served
+    page = browser.new_page()
+    errors = watch(page)
+    seen = {}
+    for path in sorted(p for p in out.rglob("*.html") if not p.relative_to(out).parts[0].startswith("_")):
+        url = base + path.relative_to(out).as_posix()
+        response = page.goto(url, wait_until="load")
+        assert response is not None and response.ok, url
+        seen[url] = page.evaluate(ALL_IMAGES_LOADED)
+    page.close()
+    return base, seen, errors
+
+
+def test_no_script_errors_and_nothing_fetched_from_outside(browser, crawl):
+    _, seen, errors = crawl
+    assert len(seen) >= len(built_site()[0].pages) + 1
+    assert not errors, errors
+    assert not browser.outside, f"pages asked for files outside this machine: {sorted(set(browser.outside))[:10]}"
+
+
+def test_every_image_renders(crawl):
+    _, seen, _ = crawl
+    broken = {url: info["broken"] for url, info in seen.items() if info["broken"]}
+    assert not broken, broken
+    lesson_2 = next(info for url, info in seen.items() if url.endswith("02_underflow_and_loss_scaling.html"))
+    assert lesson_2["count"] >= 4
+
+
+def test_internal_links_resolve(browser, crawl):
+    base, seen, _ = crawl
+    checked: dict[str, int] = {}
+    broken = []
+    for url, info in seen.items():
+        for link in info["links"]:
+            if not link.startswith(base):
+                continue
+            target, anchor = urldefrag(link)
+            if target not in checked:
+                checked[target] = browser.request.get(target).status
+            if checked[target] != 200:
+                broken.append(f"{url} -> {link}: HTTP {checked[target]}")
+            elif anchor and target in seen and anchor not in seen[target]["ids"]:
+                broken.append(f"{url} -> {link}: no #{anchor} there")
+    assert not broken, broken[:20]
+    unlinked = [url for url in seen if url not in checked and not url.endswith(("search.html", "genindex.html"))]
+    assert not unlinked, f"pages no other page links to: {unlinked}"
+
+
+def test_search_finds_the_lesson_on_loss_scaling(browser, served):
+    _, base = served
+    page = browser.new_page()
+    errors = watch(page)
+    page.goto(base + "search.html?q=GradScaler")
+    page.wait_for_selector("ul.search li a", timeout=30_000)
+    hits = page.eval_on_selector_all("ul.search li a", "links => links.map(a => a.getAttribute('href'))")
+    page.close()
+    assert any("02_underflow_and_loss_scaling" in hit for hit in hits), hits
+    assert not errors, errors
+
+
+# ---------------------------------------------------------------- lesson 2 in JupyterLab
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    """A JupyterLab server (no token, localhost, a free port) over a copy of lesson 2; its URL."""
+    work = tmp_path / "course"
+    work.mkdir()
+    shutil.copy(ROOT / "notebooks" / LESSON_2, work / LESSON_2)
+    port = free_port()
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces")}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         "--ServerApp.port_retries=0", "--IdentityProvider.token=", "--ServerApp.password=", "--allow-root",
+         "--LabApp.expose_app_in_browser=True", f"--ServerApp.root_dir={work}",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+        env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "jupyterlab.log", "w"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/status", timeout=5)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"JupyterLab did not start: {(tmp_path / 'jupyterlab.log').read_text()[-2000:]}")
+                time.sleep(0.5)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+NOTEBOOK = "window.jupyterapp.shell.currentWidget"
+KERNEL_IDLE = f"""() => {{
+    const nb = {NOTEBOOK};
+    return Boolean(nb && nb.sessionContext && nb.sessionContext.isReady
+                   && nb.sessionContext.session?.kernel?.status === "idle");
+}}"""
+CELL_REPORT = f"""() => {{
+    const cells = {NOTEBOOK}.content.model.cells, errors = [], notRun = [];
+    for (let i = 0; i < cells.length; i++) {{
+        const cell = cells.get(i).toJSON();
+        if (cell.cell_type !== "code") continue;
+        if (cell.execution_count === null) notRun.push(i);
+        for (const o of cell.outputs) if (o.output_type === "error") errors.push(`${{i}}: ${{o.ename}}: ${{o.evalue}}`);
+    }}
+    return {{errors, notRun}};
+}}"""
+SHOW_SLIDER_CELL = f"""async () => {{
+    const nb = {NOTEBOOK}.content, cells = nb.model.cells;
+    for (let i = 0; i < cells.length; i++)
+        if (cells.get(i).sharedModel.getSource().includes("FigureSlider(")) {{
+            nb.activeCellIndex = i;
+            await nb.scrollToItem(i, "center");
+            return i;
+        }}
+    return -1;
+}}"""
+IMAGE_BYTES = """async img => {
+    const bytes = new Uint8Array(await (await fetch(img.src)).arrayBuffer());
+    let s = ""; for (const b of bytes) s += String.fromCharCode(b);
+    return {src: img.src, data: btoa(s)};
+}"""
+
+
+@pytest.mark.slow      # the lesson's own training runs: about 4 minutes of CPU
+def test_lesson_2_runs_in_jupyterlab_and_its_loss_scale_slider_redraws_the_histogram(browser, jupyterlab):
+    outside_before = len(browser.outside)
+    page = browser.new_page()
+    errors = watch(page)
+    page.goto(f"{jupyterlab}/lab/tree/{LESSON_2}?reset")
+    page.wait_for_function(KERNEL_IDLE, timeout=180_000)
+
+    # Run every cell, as a learner's "Run All" does, and wait until the kernel is done.
+    page.evaluate(f"""() => {{ window.runAll = undefined;
+        window.jupyterapp.commands.execute("notebook:run-all-cells").then(ok => {{ window.runAll = String(ok); }},
+                                                                          e => {{ window.runAll = String(e); }}); }}""")
+    page.wait_for_function("() => window.runAll !== undefined", timeout=1_800_000, polling=1000)
+    page.wait_for_function(KERNEL_IDLE, timeout=60_000)
+    report = page.evaluate(CELL_REPORT)
+    assert page.evaluate("() => window.runAll") == "true" and not report["errors"] and not report["notRun"], report
+
+    # The slider the lesson made, with the histogram it drew at log2 S = 0.
+    assert page.evaluate(SHOW_SLIDER_CELL) >= 0
+    widget = page.locator(".widget-vbox", has=page.locator(".widget-slider")).last
+    widget.scroll_into_view_if_needed()
+    slider, readout, image = widget.locator(".noUi-target"), widget.locator(".widget-readout"), widget.locator("img")
+    image.wait_for(timeout=30_000)
+    assert readout.inner_text().strip() == "0"
+    before = image.evaluate(IMAGE_BYTES)
+
+    # Drag the handle two fifths of the way along, as a learner would, and let go.
+    handle, track = widget.locator(".noUi-handle").bounding_box(), slider.bounding_box()
+    page.mouse.move(handle["x"] + handle["width"] / 2, handle["y"] + handle["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(track["x"] + 0.4 * track["width"], handle["y"] + handle["height"] / 2, steps=8)
+    page.mouse.up()
+    page.wait_for_function("([img, src]) => img.src !== src", arg=[image.element_handle(), before["src"]],
+                           timeout=120_000)
+    after = image.evaluate(IMAGE_BYTES)
+    moved_to = int(readout.inner_text())
+    page.close()
+
+    assert 10 <= moved_to <= 24, f"the slider moved to {moved_to}, not two fifths of 0..44"
+    assert after["data"] != before["data"], "the histogram image did not change when the slider moved"
+    assert not errors, errors
+    assert browser.outside[outside_before:] == [], "JupyterLab asked for files outside this machine"
