@@ -36,6 +36,10 @@ def _labels(device: str, n: int, classes: int) -> torch.Tensor:
 
 Case = Callable[[str, torch.dtype], Any]   # (device, half dtype of the region) -> output
 
+# Ops that are composites on one device: torch.autocast casts the ops inside them, which a torch
+# function mode cannot see (CUDA's cross_entropy is log_softmax + nll_loss in C++). Run on CPU only.
+CPU_ONLY = {"F.cross_entropy, half logits"}
+
 
 def visible_cases() -> dict[str, Case]:
     """One call per policy and its traps; `h` is the region's half dtype (inputs in it, or mixed)."""
@@ -76,7 +80,8 @@ def hidden_cases() -> dict[str, Case]:
         "torch.sum, explicit dtype=float16": lambda d, h: torch.sum(_r(d, f32, 4), dtype=torch.float16),
         "F.gelu, fp32": lambda d, h: F.gelu(_r(d, f32, 4)),
         "torch.stack([fp32, half, half])": lambda d, h: torch.stack([_r(d, f32, 2), _r(d, h, 2), _r(d, h, 2)]),
-        "F.nll_loss, half": lambda d, h: F.nll_loss(_r(d, h, 3, 5), _labels(d, 3, 5)),
+        "F.binary_cross_entropy_with_logits, half": lambda d, h: F.binary_cross_entropy_with_logits(
+            _r(d, h, 4), _r(d, h, 4) * 0.5),
         "x.exp() method, fp32": lambda d, h: _r(d, f32, 4).exp(),
         "torch.mm(..., out=fp32 tensor)": lambda d, h: torch.mm(_r(d, f32, 4, 4), _r(d, f32, 4, 4),
                                                                 out=torch.empty(4, 4, device=d)),
@@ -129,6 +134,8 @@ def run_cases(cls: type, cases: dict[str, Case]) -> int:
     for device, half in REGIONS:
         with device_context(device):
             for label, call in cases.items():
+                if device != "cpu" and label in CPU_ONLY:
+                    continue
                 want = _outcome(call, device, half, torch_autocast(device, half))
                 with _own_work():
                     mode = cls(device, half)
@@ -179,7 +186,7 @@ def check_autocast_mode(cls: type) -> None:
     """cls(device_type, dtype) is a TorchFunctionMode that casts each op's inputs by its cast list;
     graded op by op against torch.autocast in CPU bf16/fp16 and CUDA fp16/bf16 regions."""
     compared = run_cases(cls, visible_cases())
-    _passed("check_autocast_mode", f"{compared} op cases ({len(visible_cases())} ops x 4 regions) agree with "
+    _passed("check_autocast_mode", f"{compared} op cases ({len(visible_cases())} ops in up to 4 regions) agree with "
             "torch.autocast: dtypes everywhere, values bit for bit on CPU")
 
 
