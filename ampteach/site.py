@@ -32,6 +32,7 @@ PAGE_FOLDERS = ("notebooks", "exercises")     # published; solutions/ is not
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 LINK = re.compile(r"(!?)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(\s*([^)\s]+)(\s+\"[^\"]*\")?\s*\)")
+EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)          # http:, mailto:, data:, ...
 LIVE_NOTE = ("Live in Jupyter: this is the widget as the notebook was saved. Run the notebook in "
              "JupyterLab to move it.")
 
@@ -71,7 +72,7 @@ def resolve_link(root: Path, source: Path, target: str) -> Path | None:
     (`notebooks/02_x.ipynb` written inside a lesson) is read from the root.
     """
     path = target.split("#", 1)[0]
-    if not path or re.match(r"^[a-z][a-z0-9+.-]*:", path, re.I) or path.startswith("/"):
+    if not path or EXTERNAL.match(path) or path.startswith("/"):
         return None
     for base in (root / source.parent, root):
         candidate = (base / path).resolve()
@@ -124,14 +125,14 @@ class Links:
 
     def replace(self, match: re.Match, source: Path, staged: Path) -> str:
         bang, label, target, title = match.groups()
-        if target.startswith(("#", "/")) or re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):
+        if target.startswith(("#", "/")) or EXTERNAL.match(target):
             return match.group(0)
         relative = resolve_link(self.root, source, target)
         if relative is None:
-            self.problems.append(f"{source.as_posix()} links to {target}, which does not exist: shown as text")
+            self.problems.append(f"{source.as_posix()} links to {target}, which is no file of the course: shown as text")
             return "" if bang else label
         anchor = "#" + target.split("#", 1)[1] if "#" in target else ""
-        if is_page(relative) and relative in self.pages or bang and relative.is_file():
+        if is_page(relative) and relative in self.pages or bang and (self.root / relative).is_file():
             if bang:
                 self.images.add(relative)
             return f"{bang}[{label}]({os.path.relpath(relative, staged.parent)}{anchor}{title or ''})"
@@ -223,8 +224,8 @@ def note_cell(page: Path) -> nbformat.NotebookNode:
         body = (f"This is the exercise as you get it, in `{page.as_posix()}`. Work through it in JupyterLab, "
                 f"then grade your copy with `ampteach grade {page.as_posix()}`.")
     else:
-        body = (f"This page shows the lesson with the outputs it was saved with. To run it, change it and "
-                f"move its widgets, open `{page.as_posix()}` in JupyterLab.")
+        body = (f"This page shows the lesson with the outputs it was saved with. To run it and change it, "
+                f"open `{page.as_posix()}` in JupyterLab.")
     return nbformat.v4.new_markdown_cell(f"```{{note}}\n{body}\n```")
 
 
@@ -291,6 +292,8 @@ def stage(root: Path, pages: list[Path], src: Path) -> list[str]:
 
 def prepare_out(out: Path) -> None:
     """Empty `out` if it holds an earlier site; refuse a folder with anything else in it."""
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} is a file; give --out a new or empty folder.")
     if out.exists() and any(out.iterdir()):
         if not (out / ".buildinfo").is_file():
             raise FileExistsError(f"{out} is not empty and holds no site built by `ampteach site`; "

@@ -180,9 +180,16 @@ def small_course(tmp_path_factory):
     figure = nbformat.v4.new_code_cell("plot()")
     figure.outputs = [nbformat.v4.new_output("display_data", data={
         "image/png": base64.b64encode(PNG + b"\0" * 16).decode(), "text/plain": "<Figure>"})]
+    (root / "notebooks/figures").mkdir()
+    (root / "notebooks/figures/diagram.png").write_bytes(base64.b64decode(figure.outputs[0].data["image/png"]))
+    unsaved = nbformat.v4.new_code_cell("FigureSlider(draw)")           # a widget whose state was not saved
+    unsaved.outputs = [nbformat.v4.new_output("execute_result", execution_count=1, data={
+        "application/vnd.jupyter.widget-view+json": {"model_id": "f00", "version_major": 2, "version_minor": 0},
+        "text/plain": "FigureSlider(children=(IntSlider(value=0),))"})]
     nbformat.write(notebook(nbformat.v4.new_markdown_cell("# 1. Expected\n\nSee [lesson 2](02_broken.ipynb#broken) "
-                                                          "and [the old one](notebooks/02_broken.ipynb)."),
-                            figure, error_cell("raise ValueError('no')", tags=["raises-exception"])),
+                                                          "and [the old one](notebooks/02_broken.ipynb).\n\n"
+                                                          "![a diagram](figures/diagram.png)"),
+                            figure, error_cell("raise ValueError('no')", tags=["raises-exception"]), unsaved),
                    root / "notebooks/01_expected.ipynb")
     nbformat.write(notebook(nbformat.v4.new_markdown_cell("# 2. Broken\n\n## Broken"), error_cell("oops()")),
                    root / "notebooks/02_broken.ipynb")
@@ -209,7 +216,7 @@ def test_an_expected_error_is_not_a_broken_page_but_any_other_traceback_is(small
 def test_the_map_sets_the_order_and_links_to_non_pages_become_text(small_site):
     built, pages = small_site
     assert built.pages == [Path("notebooks/02_broken.ipynb"), Path("notebooks/01_expected.ipynb"), Path("exercises/e1.ipynb")]
-    assert any("03_not_yet.ipynb, which does not exist" in w for w in built.warnings)
+    assert any("03_not_yet.ipynb, which is no file of the course" in w for w in built.warnings)
     index = pages[Path("index.html")]
     hrefs = [a["href"] for a in index.select("article a[href]")]
     assert "notebooks/02_broken.html" in hrefs and "exercises/e1.html" in hrefs
@@ -218,6 +225,19 @@ def test_the_map_sets_the_order_and_links_to_non_pages_become_text(small_site):
     lesson = pages[Path("notebooks/01_expected.html")]
     assert [a["href"].split("#")[0] for a in lesson.select("article a[href*='02_broken']")] == ["02_broken.html"] * 2
     assert cell_figures(lesson)
+    diagram = lesson.select_one("article img[alt='a diagram']")
+    assert (built.out / "notebooks" / diagram["src"]).read_bytes().startswith(PNG)
+
+
+def test_a_widget_without_saved_state_shows_its_text_and_the_note(small_site):
+    _, pages = small_site
+    snapshot = pages[Path("notebooks/01_expected.html")].select_one(".widget-static")
+    assert "Live in Jupyter" in snapshot.get_text() and "IntSlider(value=0)" in snapshot.get_text()
+
+
+def test_the_default_course_is_this_checkout_from_any_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert site.find_root() == ROOT.resolve()
 
 
 def test_the_command_runs_from_any_folder_and_says_what_is_wrong(small_course, tmp_path, monkeypatch, capsys):
