@@ -109,7 +109,7 @@ class Links:
     """Rewrites the course's Markdown links for the site, and collects what it met on the way.
 
     A link to a page points at that page; a local image is copied along (into `images`); a link to
-    anything else of the course (a solution, a data file) becomes its text and its path, since those
+    anything else of the course (a solution, a data file) becomes "text: `path`", since those
     files are not part of the site; a link to a file that does not exist becomes its text (and a line
     in `problems`). External links and in-page anchors are left alone.
     """
@@ -137,7 +137,7 @@ class Links:
                 self.images.add(relative)
             return f"{bang}[{label}]({os.path.relpath(relative, staged.parent)}{anchor}{title or ''})"
         shown = relative.as_posix() + ("/" if (self.root / relative).is_dir() else "")
-        return label if label.strip("`").rstrip("/") == shown.rstrip("/") else f"{label} (`{shown}`)"
+        return label if label.strip("`").rstrip("/") == shown.rstrip("/") else f"{label}: `{shown}`"
 
 
 def widget_snapshot(model_id: str, state: dict) -> str | None:
