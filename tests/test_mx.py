@@ -76,6 +76,8 @@ def ref_exponent(amax: float, name: str, rounding: str) -> int:
         e = floor_log2(Fraction(amax)) - SPEC[name][3]
     else:
         p = Fraction(float(np.float32(amax) * (np.float32(1) / np.float32(SPEC[name][2]))))
+        if p == 0:                                        # amax / max underflows float32: log2 0 = -inf
+            return -127
         k = floor_log2(p)
         e = k if Fraction(2) ** k == p else k + 1         # ceil(log2 p)
     return max(-127, min(127, e))
@@ -170,6 +172,13 @@ def test_amax_just_below_a_power_of_two_reads_the_exponent_bits():
     assert mx.scale_exponents.item() == 2 - 2               # emax of fp4 is 2
     assert mx_dequantize(mx)[0, 0].item() == 6.0            # the top binade saturates under "floor"
     assert ref_exponent(amax, "fp4_e2m1", "floor") == 0
+
+
+def test_a_subnormal_amax_under_rceil_gets_the_smallest_scale():
+    # amax / max underflows to 0 in float32 (1e-45 / 448): ceil(log2 0) is -inf, clamped to -127
+    mx = mx_quantize(torch.tensor([1e-45, -1e-45]), "fp8_e4m3", 2, "rceil")
+    assert mx.scale_exponents.tolist() == [ref_exponent(1e-45, "fp8_e4m3", "rceil")] == [-127]
+    assert torch.equal(bits(mx_dequantize(mx)), bits(torch.tensor([0.0, -0.0])))
 
 
 def test_floor_and_rceil_by_hand():
