@@ -134,7 +134,9 @@ def plot_scale_log(log: list[dict], title: str = "", axes=None):
         ax.plot(bad, [top] * len(bad), "r|", ms=8, label="loss inf/NaN")
     ax.set_xlabel("step"), ax.set_ylabel("loss")
     twin = ax.twinx()
-    twin.plot(steps, [100 * r["flushed"] for r in log], color="tab:green", lw=1, label="% flushed")
+    flushed = [100 * r["flushed"] for r in log]
+    twin.plot(steps, flushed, color="tab:green", lw=1, label="% flushed")
+    twin.set_ylim(0, max([1.0] + [1.1 * f for f in flushed if math.isfinite(f)]))   # 0% looks like 0
     twin.set_ylabel("% of gradients flushed", color="tab:green")
     ax.legend(loc="upper right", fontsize=8)
     return axes

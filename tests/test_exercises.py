@@ -27,11 +27,9 @@ SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 # The bug hunt starts from a script that runs (with its planted bugs), not from a stub.
 STARTS_FROM_CODE = {"debug_amp_bug_hunt"}
 # The course's pytest run (the root conftest) runs every solution with its hidden checks; these are
-# also graded here through `ampteach grade`, one of each kind: a stub, a starter script, a table,
-# a hidden cell of its own, a class.
+# also graded here through `ampteach grade`, one of each kind: a stub, a starter script, a table.
 GRADED_HERE = [ROOT / "solutions" / f"{name}.ipynb" for name in (
-    "build_2_loss_scale_update", "build_4_cast_lists", "debug_amp_bug_hunt", "predict_transformer_dtypes",
-    "build_5_grad_scaler")]
+    "build_2_loss_scale_update", "debug_amp_bug_hunt", "predict_transformer_dtypes")]
 
 
 # --- the generator ---------------------------------------------------------------------------------
