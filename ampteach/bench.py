@@ -1,6 +1,6 @@
 """E.6.1 as a command: fp32 vs fp16 + GradScaler vs bf16, each through torch.amp and through ampteach.
 
-    $ ampteach bench --device auto --epochs 2 --batch-size 512 --out course/results/my_gpu.json
+    $ ampteach bench --device auto --epochs 2 --batch-size 512 --out my_gpu.json
     $ ampteach bench --width 2048 --batch-size 256 --configs fp32,bf16    # the course MLP 784-W-W-10
     from ampteach.bench import run_bench; rows = run_bench("cpu", epochs=1)["rows"]
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import platform
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -185,12 +186,15 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-RESULTS = Path(__file__).resolve().parents[1] / "course" / "results"
+def load_results(folder: Path | str | None = None) -> list[dict]:
+    """results = load_results()   # the tables shipped with ampteach (ampteach/results/*.json), GPU ones first
 
-
-def load_results(folder: Path = RESULTS) -> list[dict]:
-    """The committed tables (course/results/*.json), GPU ones first."""
-    results = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))]
+    Found with importlib.resources, so they load after any install, from any directory; pass `folder`
+    to read tables of your own (files written by `ampteach bench --out`) instead.
+    """
+    files = Path(folder).glob("*.json") if folder is not None else (
+        f for f in resources.files("ampteach").joinpath("results").iterdir() if f.name.endswith(".json"))
+    results = [json.loads(f.read_text()) for f in sorted(files, key=lambda f: f.name)]
     return sorted(results, key=lambda r: r["device"]["type"] != "cuda")
 
 

@@ -8,6 +8,7 @@ a .pth file in an added directory is not executed, so only the installed copy ca
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import site
@@ -78,6 +79,15 @@ def test_bench_runs_from_any_directory(installed, elsewhere):
                "--no-progress", "--out", str(elsewhere / "table.json")], elsewhere, env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "fp32" in out.stdout and "bf16" in out.stdout and (elsewhere / "table.json").is_file()
+
+
+def test_the_results_tables_ship_with_the_package(installed, elsewhere):
+    bin_dir, env = installed
+    code = "from ampteach.bench import load_results; print(sorted(r['device']['name'] for r in load_results()))"
+    out = run([str(bin_dir / "python"), "-c", code], elsewhere, env)
+    assert out.returncode == 0, out.stderr
+    in_source = sorted(json.loads(p.read_text())["device"]["name"] for p in (ROOT / "ampteach" / "results").glob("*.json"))
+    assert in_source and out.stdout.strip() == str(in_source)
 
 
 def test_grade_runs_from_any_directory(installed, elsewhere):
