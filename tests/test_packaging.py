@@ -19,10 +19,19 @@ def split_requirement(spec: str) -> tuple[str, str]:
 
 
 def pyproject_requirements() -> dict[str, str]:
+    """Core and dev requirements; dev's own extras (`ampteach[site]`, ...) come from environment.yml's
+    pip section, which installs `.[dev]`, so they are left out here."""
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     specs = project["dependencies"] + project["optional-dependencies"]["dev"]
-    return dict(split_requirement(s) for s in specs)
+    return dict(split_requirement(s) for s in specs if not s.startswith(f"{project['name']}["))
+
+
+def test_dev_pulls_in_the_site_and_comparison_extras():
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {"ampteach[site]", "ampteach[compare]"} <= set(extras["dev"])
+    assert {split_requirement(s)[0] for s in extras["compare"]} == {"torchao"}
 
 
 def environment_requirements() -> dict[str, str]:
