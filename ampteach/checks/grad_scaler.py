@@ -34,7 +34,7 @@ def _own_work() -> Iterator[None]:
 
     theirs = [(torch.amp.GradScaler, ("scale", "unscale_", "step", "update", "__init__")),
               (ampteach_scaler._LossScaler, ("scale", "unscale_", "step", "update", "__init__")),
-              (ampteach_scaler, ("update_scale_",))]
+              (ampteach_scaler, ("update_scale_", "non_finite_check_and_unscale_"))]
     kernels = {torch._amp_update_scale_: BECAUSE, torch._amp_foreach_non_finite_check_and_unscale_: BECAUSE}
     with contextlib.ExitStack() as stack:
         for owner, names in theirs:
