@@ -44,6 +44,7 @@ class Report:
     onednn_half: dict[str, bool] = field(default_factory=dict)  # {bf16, fp16}: PyTorch's oneDNN CPU kernels usable here
     recommendation: str = ""
     reason: str = ""
+    dataset_source: str = ""          # data.SOURCES key: AMPTEACH_DATA, cache or bundled
 
     def fast_bf16(self, device: str = "cpu") -> bool:
         """The doctor's finding for device: native bf16 hardware AND, where the probe ran, a measured bf16 matmul
@@ -102,18 +103,19 @@ def onednn_half() -> dict[str, bool]:
         return {}
 
 
-def dataset_status() -> tuple[str, bool, tuple[int, int] | None]:
-    """Where the data loader will look, whether the four files are there, and their image counts."""
-    from .data import default_root, missing_files, read_idx_images
+def dataset_status() -> tuple[str, bool, tuple[int, int] | None, str]:
+    """Where load_fashion_mnist() reads (data.find_data: $AMPTEACH_DATA, the cache, the bundled split), whether
+    the four files are there, their image counts, and the source's name."""
+    from .data import find_data, missing_files, read_idx_images
 
-    root = default_root()
+    source, root = find_data()
     if missing_files(root):
-        return str(root), False, None
+        return str(root), False, None, source
     try:
         counts = tuple(len(read_idx_images(root / f"{s}-images-idx3-ubyte.gz")) for s in ("train", "t10k"))
     except ValueError:
-        return str(root), False, None
-    return str(root), True, counts  # type: ignore[return-value]
+        return str(root), False, None, source
+    return str(root), True, counts, source  # type: ignore[return-value]
 
 
 def matmul_speedup(device: str, dtype: torch.dtype, n: int = 512, min_seconds: float = 0.1) -> float:
@@ -163,7 +165,7 @@ def _recommend_cuda(cuda: dict, measured: dict[str, float]) -> tuple[str, str]:
 def collect(probe: bool = True) -> Report:
     cpu_name, flags = cpu_info()
     cuda = cuda_info()
-    root, found, counts = dataset_status()
+    root, found, counts, source = dataset_status()
     speed: dict[str, dict[str, float]] = {}
     if probe:
         speed["cpu"] = {"bf16": matmul_speedup("cpu", torch.bfloat16), "fp16": matmul_speedup("cpu", torch.float16, n=256)}
@@ -177,7 +179,7 @@ def collect(probe: bool = True) -> Report:
         platform=f"{platform.system()} {platform.machine()}", cpu_name=cpu_name,
         cpu_capability=torch.backends.cpu.get_cpu_capability(), cpu_flags=flags or {},
         threads=torch.get_num_threads(), cpu_count=os.cpu_count() or 1, cuda=cuda,
-        dataset_root=root, dataset_found=found, dataset_counts=counts, probe=speed, onednn_half=onednn_half(),
+        dataset_root=root, dataset_found=found, dataset_counts=counts, dataset_source=source, probe=speed, onednn_half=onednn_half(),
         recommendation=rec, reason=why,
     )
 
@@ -210,14 +212,17 @@ def format_report(r: Report, paths: bool = True) -> str:
     for device, speeds in r.probe.items():
         measured = ", ".join(f"{k} {v:.2f}x" for k, v in speeds.items())
         lines.append(f"  probe        {device} matmul speed vs fp32: {measured}")
-    where = r.dataset_root if paths else ("$AMPTEACH_DATA" if os.environ.get("AMPTEACH_DATA") else "the user cache")
+    from .data import SOURCES
+
+    named = SOURCES.get(r.dataset_source, "the folder")
+    where = f"{named} ({r.dataset_root})" if paths and r.dataset_source != "bundled" else named
     if r.dataset_found:
         n_train, n_test = r.dataset_counts
         kind = "the course subset" if (n_train, n_test) == (7000, 1226) else "the full dataset" if n_train == 60000 else "a copy"
-        lines.append(f"Dataset        found in {where}: {n_train} train / {n_test} test images ({kind})")
+        lines.append(f"Dataset        from {where}: {n_train} train / {n_test} test images ({kind})")
     else:
-        lines.append(f"Dataset        not found in {where}: set AMPTEACH_DATA to a folder with the four "
-                     f"FashionMNIST .gz files, or let the lessons download it (internet needed)")
+        lines.append(f"Dataset        not found in {where}: point AMPTEACH_DATA at a folder with the four "
+                     f"FashionMNIST .gz files, or unset it to use the split bundled with ampteach")
     lines += [f"Recommended    {r.recommendation}", f"  why          {r.reason}"]
     return "\n".join(lines)
 

@@ -35,6 +35,16 @@ def test_dataset_is_found_where_the_loader_looks(monkeypatch, tmp_path):
     assert "AMPTEACH_DATA" in doctor.format_report(report)
 
 
+def test_without_ampteach_data_the_doctor_names_the_bundled_split(monkeypatch, tmp_path):
+    from ampteach import data
+
+    monkeypatch.delenv("AMPTEACH_DATA", raising=False)
+    monkeypatch.setattr(data, "cache_root", lambda: tmp_path / "empty-cache")
+    report = doctor.collect(probe=False)
+    assert report.dataset_found and report.dataset_source == "bundled" and report.dataset_counts == (7000, 1226)
+    assert data.SOURCES["bundled"] in doctor.format_report(report)
+
+
 def test_cpu_flags_are_read_from_proc_cpuinfo():
     name, flags = doctor.cpu_info()
     if flags is None:  # not Linux
