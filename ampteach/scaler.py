@@ -29,6 +29,7 @@ import inspect
 import math
 import operator
 import warnings
+import weakref
 from collections import abc, defaultdict
 from enum import Enum
 from typing import Any
@@ -36,7 +37,7 @@ from typing import Any
 import torch
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
-BUCKET_NUMEL = 1 << 15   # smaller gradients are checked together, copied into a buffer of this many elements
+BUCKET_NUMEL = 1 << 18   # smaller gradients are checked together, copied into a buffer of this many elements
 UNSCALABLE_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})   # as torch's kernel
 
 _FIX = "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration."
@@ -47,6 +48,7 @@ _FP16_GRADS = (
     "Keep fp32 master weights instead: leave the model in fp32 and run the forward under autocast, "
     "or give the optimizer fp32 copies of the weights (lesson 3, ampteach.MasterWeights)."
 )
+_NONE_REF = lambda: None   # stands for a missing gradient among weak references to gradients  # noqa: E731
 _NEW_SCALE = ("new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
               "torch.FloatTensor with requires_grad=False.")
 
@@ -88,31 +90,24 @@ def non_finite_check_and_unscale_(grads: list[torch.Tensor], found_inf: torch.Te
 
     found_inf <- 1.0 if any element of grads is inf or NaN (read BEFORE unscaling), else left as it is;
     then every grad <- grad * inv_scale, in place (inv_scale None: check only). The check is one
-    aminmax per gradient (min and max: +-inf shows in one of them, a NaN in both), except that the
-    small ones (fewer than BUCKET_NUMEL elements, most of a model's tensors) are first copied together
-    into one reused buffer of BUCKET_NUMEL elements: one reduction for many tensors, extra memory
-    bounded by the buffer whatever the model's size, and no reduction big enough to be split across
-    threads (torch's own kernel is one pass per tensor on one thread).
+    aminmax per bucket (min and max: +-inf shows in one of them, a NaN in both): a big gradient
+    (BUCKET_NUMEL elements or more) is a bucket of its own, consecutive small ones (most of a model's
+    tensors) are flattened together into one temporary of at most BUCKET_NUMEL elements. So there is one
+    reduction for many tensors, extra memory bounded by one bucket whatever the model's size, and no
+    Python work per tensor (the flattening is one call per bucket).
     """
     if found_inf.numel() != 1 or found_inf.dtype != torch.float32:
         raise RuntimeError(f"found_inf must be a 1-element float tensor, got {found_inf.dtype} of shape "
                            f"{tuple(found_inf.shape)}: pass torch.zeros((), device=...) and read it afterwards")
-    dtypes = {grad.dtype for grad in grads}
-    for dtype in dtypes - UNSCALABLE_DTYPES:
+    for dtype in set(map(operator.attrgetter("dtype"), grads)) - UNSCALABLE_DTYPES:
         raise NotImplementedError(
             f"cannot unscale {dtype} gradients (torch's kernel neither): loss scaling serves real "
             f"float16/bfloat16/float32/float64 gradients. Keep {dtype} parameters out of this "
             f"optimizer, or check and scale their gradients yourself.")
     extremes: list[torch.Tensor] = []
-    buffer = None
-    for bucket, numel in _buckets(grads):
-        if numel >= BUCKET_NUMEL:      # one big gradient: no copy
-            extremes += torch.aminmax(bucket[0])
-            continue
-        if buffer is None:             # one buffer for all buckets: an allocation per bucket fragments the heap
-            dtype = functools.reduce(torch.promote_types, dtypes)
-            buffer = torch.empty(BUCKET_NUMEL, dtype=dtype, device=grads[0].device)
-        extremes += torch.aminmax(torch.cat(bucket, out=buffer[:numel]))
+    for start, stop in _bucket_bounds(tuple(map(torch.Tensor.numel, grads))):
+        bucket = grads[start] if stop - start == 1 else torch._utils._flatten_dense_tensors(grads[start:stop])
+        extremes += torch.aminmax(bucket)
     if extremes:
         found_inf.masked_fill_(~torch.stack(extremes).isfinite().all(), 1.0)
     if inv_scale is not None and grads:
@@ -122,23 +117,26 @@ def non_finite_check_and_unscale_(grads: list[torch.Tensor], found_inf: torch.Te
         torch._foreach_mul_(grads, inv_scale.reshape(()) if inv_scale.dim() else inv_scale)   # g * fp32(1/S)
 
 
-def _buckets(grads: list[torch.Tensor]) -> list[tuple[list[torch.Tensor], int]]:
-    """(tensors, their numel) for the check: a big one alone, small ones flattened, up to BUCKET_NUMEL together."""
-    buckets: list[tuple[list[torch.Tensor], int]] = []
-    small: list[torch.Tensor] = []
-    filled = 0
-    for grad, n in zip(grads, map(torch.Tensor.numel, grads)):
+@functools.lru_cache(maxsize=64)
+def _bucket_bounds(numels: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """(start, stop) of each bucket of the check, for gradients of these sizes: a big one alone, consecutive
+    small ones together up to BUCKET_NUMEL elements; empty gradients need no check (a bucket of only
+    empty ones is left out). Cached: a model's sizes are the same every step."""
+    bounds: list[tuple[int, int]] = []
+    start = filled = 0
+    for i, n in enumerate(numels):
+        if n >= BUCKET_NUMEL or filled + n > BUCKET_NUMEL:
+            if filled:
+                bounds.append((start, i))
+            start, filled = i, 0
         if n >= BUCKET_NUMEL:
-            buckets.append(([grad], n))
-        elif n:
-            if filled + n > BUCKET_NUMEL:
-                buckets.append((small, filled))
-                small, filled = [], 0
-            small.append(torch.flatten(grad))
+            bounds.append((i, i + 1))
+            start = i + 1
+        else:
             filled += n
-    if small:
-        buckets.append((small, filled))
-    return buckets
+    if filled:
+        bounds.append((start, len(numels)))
+    return tuple(bounds)
 
 
 class _LossScaler:
@@ -153,6 +151,7 @@ class _LossScaler:
         self._history_len = 0
         self._found_this_iteration: list[torch.Tensor | bool] = []   # per step(): skipped? (read lazily)
         self._found_last_iteration: list[torch.Tensor | bool] = []
+        self._groupings: dict[int, tuple] = {}   # id(optimizer) -> its gradients grouped (_grads_by_device_and_dtype)
 
     # -- the three calls of a training step ---------------------------------------------------------
 
@@ -309,25 +308,59 @@ class _LossScaler:
         """
         inv_scales = None if inv_scale is None else _PerDevice(inv_scale, own_device=True)
         found_infs = _PerDevice(found_inf, own_device=True)
-        grouped: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
         with torch.no_grad():
-            for group in optimizer.param_groups:
-                for param in group["params"]:
-                    grad = param.grad
-                    if grad is None:
-                        continue
-                    dtype = grad.dtype
-                    if dtype is torch.float16 and not allow_fp16:
-                        raise ValueError(_FP16_GRADS)
-                    if grad.is_sparse:
-                        if dtype is torch.float16:
-                            param.grad = grad = grad.coalesce()
-                        grad = grad._values()
-                    grouped[grad.device, dtype].append(grad)
+            grouped = self._grads_by_device_and_dtype(optimizer, allow_fp16)
             for (device, _), grads in grouped.items():
                 non_finite_check_and_unscale_(grads, found_infs.get(device),
                                               None if inv_scales is None else inv_scales.get(device))
         return {device: found_infs.copies[device] for device, _ in grouped}
+
+    def _grads_by_device_and_dtype(self, optimizer: torch.optim.Optimizer,
+                                   allow_fp16: bool) -> dict[tuple[torch.device, torch.dtype], list[torch.Tensor]]:
+        """The optimizer's gradients grouped by device and dtype (fp16 ones refused unless allow_fp16).
+
+        The grouping is remembered per optimizer as positions in its gradient list, with weak
+        references to the gradients it was made from: while they are the same tensors (gradients
+        zeroed in place, or accumulated), the next step reuses it instead of asking every gradient
+        its device and dtype again. New gradient tensors (zero_grad(set_to_none=True)) group afresh.
+        """
+        params = [param for group in optimizer.param_groups for param in group["params"]]
+        grads = [param.grad for param in params]
+        refs, positions = self._groupings.get(id(optimizer), ((), {}))
+        if len(refs) != len(grads) or not all(map(operator.is_, grads, [ref() for ref in refs])):
+            refs, positions = self._group(params, grads, allow_fp16)
+            if refs:
+                if len(self._groupings) >= 16:   # optimizers come and go: forget the older ones
+                    self._groupings.clear()
+                self._groupings[id(optimizer)] = refs, positions
+        if not allow_fp16 and any(dtype is torch.float16 for _, dtype in positions):
+            raise ValueError(_FP16_GRADS)
+        return {key: [grads[i] for i in where] for key, where in positions.items()}
+
+    @staticmethod
+    def _group(params: list[torch.Tensor], grads: list[torch.Tensor | None], allow_fp16: bool):
+        """(weak references to grads, or () when the grouping must not be reused; {(device, dtype): positions}).
+
+        A sparse gradient is checked through its values, which replace it in grads; an fp16 one is
+        coalesced first (in .grad): duplicate entries may overflow only once summed. Its values are a
+        new tensor every time, so a grouping with a sparse gradient is not reused.
+        """
+        positions: dict[tuple[torch.device, torch.dtype], list[int]] = defaultdict(list)
+        reusable = True
+        for i, (param, grad) in enumerate(zip(params, grads)):
+            if grad is None:
+                continue
+            dtype = grad.dtype
+            if dtype is torch.float16 and not allow_fp16:
+                raise ValueError(_FP16_GRADS)
+            if grad.is_sparse:
+                if dtype is torch.float16:
+                    param.grad = grad = grad.coalesce()
+                grads[i] = grad = grad._values()
+                reusable = False
+            positions[grad.device, dtype].append(i)
+        refs = [_NONE_REF if grad is None else weakref.ref(grad) for grad in grads] if reusable else ()
+        return refs, dict(positions)
 
     # -- the machinery ---------------------------------------------------------------------------------
 
@@ -401,6 +434,7 @@ class _LossScaler:
     def __getstate__(self) -> dict[str, Any]:
         """Pickle between iterations only, like torch: S and the tracker travel as numbers, re-created lazily."""
         state = self.__dict__.copy()
+        state["_groupings"] = {}   # weak references do not pickle; grouping again costs one step
         if self._enabled:
             if self._per_optimizer_states:
                 raise AssertionError("A GradScaler instance may only be pickled at the beginning of an iteration, "
