@@ -192,11 +192,14 @@ def test_a_torch_region_inside_an_ampteach_region_only_changes_what_the_kernels_
 # ---------------------------------------------------------------------------------------------------
 # (2) what a Python-level autocast got wrong, now as torch
 
+@pytest.mark.parametrize("input_dtype", [FP32, FP16], ids=["fp32-input", "fp16-input"])
 @pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non-reentrant"])
-def test_activation_checkpointing_gives_torchs_gradients(reentrant):
-    """The issue's repro: the recomputed forward runs under the same autocast as the first one."""
+def test_activation_checkpointing_gives_torchs_gradients(reentrant, input_dtype):
+    """The issue's repro: the recomputed forward runs under the same autocast as the first one (an
+    fp16 input too, which a Python-level autocast's fp32 replay fed to an fp32 weight and failed)."""
     def make():
-        return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)), torch.randn(4, 8, requires_grad=True)
+        block = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+        return block, torch.randn(4, 8).to(input_dtype).requires_grad_()
 
     def run(state, region):
         block, x = state
@@ -205,7 +208,7 @@ def test_activation_checkpointing_gives_torchs_gradients(reentrant):
         return backward_results([y], x, *block.parameters())
 
     theirs = assert_like_torch(make, run)
-    assert theirs[0].dtype == BF16 and theirs[2].dtype == FP32
+    assert theirs[0].dtype == BF16 and theirs[1].dtype == input_dtype and theirs[2].dtype == FP32
 
 
 def test_torch_sees_the_region_so_torch_amp_custom_fwd_casts_inputs():
@@ -640,8 +643,12 @@ def test_it_is_a_decorator_too_and_recursion_restores_the_state():
 @pytest.mark.parametrize("region", ["torch", "ampteach"])
 def test_argument_handling_is_torchs(region):
     make = {"torch": torch.autocast, "ampteach": autocast}[region]
+    a = torch.rand(8, 8)
     with make("cpu:0"):                               # a device string with an index is its device type
-        assert mm_dtype() == BF16
+        assert torch.is_autocast_enabled("cpu") and mm_dtype() == BF16
+        indexed = a @ a
+    with torch.autocast("cpu"):
+        assert same(indexed, a @ a)
     for bad in ({"enabled": "yes"}, {"enabled": 1}, {"cache_enabled": "no"}, {"cache_enabled": 0}):
         with pytest.raises(TypeError):
             with make("cpu", **bad):
