@@ -28,6 +28,7 @@ import functools
 import inspect
 import math
 import operator
+import struct
 import warnings
 import weakref
 from collections import abc, defaultdict
@@ -539,6 +540,12 @@ class GradScaler(_LossScaler):
             raise AssertionError("No inf checks were recorded prior to update(). Call scaler.step(optimizer) "
                                  "(or scaler.unscale_(optimizer)) on every optimizer before update().")
         found_inf = functools.reduce(torch.add, found_infs)   # any optimizer's inf/NaN counts
+        if self._scale.device.type == "cpu":   # reading a CPU tensor is no device sync: the rule in Python numbers
+            scale, tracker = next_scale(self._scale.item(), int(self._growth_tracker.item()), found_inf.item() != 0,
+                                        self._growth_factor, self._backoff_factor, operator.index(self._growth_interval))
+            self._scale.fill_(scale)
+            self._growth_tracker.fill_(tracker)
+            return
         update_scale_(self._scale, self._growth_tracker, found_inf, self._growth_factor, self._backoff_factor,
                       operator.index(self._growth_interval))
 
@@ -643,6 +650,33 @@ def update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: 
     backed_off = (s * backoff_factor).float()
     torch.where(found, backed_off, torch.where(grow & grown.isfinite(), grown, scale), out=scale)
     growth_tracker.masked_fill_(grow, 0)
+
+
+def next_scale(scale: float, tracker: int, found: bool, growth_factor: float, backoff_factor: float,
+               growth_interval: int) -> tuple[float, int]:
+    """update_scale_'s rule on Python numbers: (S, tracker) after one step, for a scale that lives on the CPU.
+
+        next_scale(65536.0, 1999, False, 2.0, 0.5, 2000) == (131072.0, 0)
+
+    A 0-d tensor op costs microseconds of dispatch, a Python multiply nanoseconds, and reading a CPU tensor
+    is no device sync: GradScaler.update() on the CPU reads S and the tracker, applies this, writes them back.
+    The same float64 products rounded once to float32, and the tracker wraps around as torch's int32 does.
+    """
+    if found:   # NaN counts as found (found != 0)
+        return _float32(scale * backoff_factor), 0
+    tracker = (tracker + 1 + 2**31) % 2**32 - 2**31
+    if tracker != growth_interval:
+        return scale, tracker
+    grown = _float32(scale * growth_factor)
+    return (grown if math.isfinite(grown) else scale), 0
+
+
+def _float32(x: float) -> float:
+    """x rounded to the nearest float32, +-inf past its range (C's (float)x, what torch's kernel does)."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
 
 
 class StaticLossScaler(_LossScaler):

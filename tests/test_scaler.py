@@ -21,7 +21,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from ampteach.scaler import FLOAT32_MAX, GradScaler, OptState, StaticLossScaler, update_scale_
+from ampteach.scaler import FLOAT32_MAX, GradScaler, OptState, StaticLossScaler, next_scale, update_scale_
 
 INF, NAN = math.inf, math.nan
 BAD_VALUES = (INF, -INF, NAN)
@@ -315,22 +315,32 @@ def test_update_with_new_scale_matches_torch_and_keeps_the_tracker():
 # -- the update rule: property tests -------------------------------------------------------------------
 
 
+def next_scale_in_place(scale, tracker, found, growth_factor, backoff_factor, growth_interval):
+    """next_scale (the rule on Python numbers, GradScaler's CPU path) applied to update_scale_'s tensors."""
+    s, t = next_scale(scale.item(), int(tracker.item()), found.item() != 0, growth_factor, backoff_factor,
+                      growth_interval)
+    scale.fill_(s)
+    tracker.fill_(t)
+
+
+@pytest.mark.parametrize("rule", [update_scale_, next_scale_in_place], ids=["tensor ops", "python numbers"])
 @settings(max_examples=300, deadline=None)
 @given(
     scale=st.one_of(st.floats(min_value=0.0, max_value=FLOAT32_MAX, width=32),
                     st.sampled_from([FLOAT32_MAX, 2.0**127, 1.5 * 2**127, 2.0**-149, 0.0])),
-    tracker_start=st.integers(0, 12),
+    tracker_start=st.one_of(st.integers(0, 12), st.just(2**31 - 1)),   # int32's top: the tracker wraps around
     found_inf=st.sampled_from([0.0, 1.0, 2.0, NAN]),
     growth_factor=st.floats(min_value=1.0, max_value=1e6, exclude_min=True),
     backoff_factor=st.floats(min_value=0.0, max_value=1.0, exclude_min=True, exclude_max=True),
     growth_interval=st.integers(1, 10),
 )
-def test_update_scale_matches_torch_kernel(scale, tracker_start, found_inf, growth_factor, backoff_factor, growth_interval):
-    """update_scale_ against torch._amp_update_scale_ (the kernel torch.amp.GradScaler.update calls)."""
+def test_update_scale_matches_torch_kernel(rule, scale, tracker_start, found_inf, growth_factor, backoff_factor,
+                                           growth_interval):
+    """update_scale_ and next_scale against torch._amp_update_scale_ (the kernel torch.amp.GradScaler.update calls)."""
     s, t = torch.tensor(scale, dtype=torch.float32), torch.tensor(tracker_start, dtype=torch.int32)
     s_ref, t_ref = s.clone(), t.clone()
     found = torch.tensor(found_inf)
-    update_scale_(s, t, found, growth_factor, backoff_factor, growth_interval)
+    rule(s, t, found, growth_factor, backoff_factor, growth_interval)
     torch._amp_update_scale_(s_ref, t_ref, found, growth_factor, backoff_factor, growth_interval)
     assert torch.equal(s, s_ref) and torch.equal(t, t_ref)
     assert torch.isfinite(s)   # never grows to inf
