@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
-BUCKET_NUMEL = 1 << 18   # smaller gradients are checked together, copied into a buffer of this many elements
+BUCKET_NUMEL = 1 << 18   # smaller gradients are checked together, copied into a buffer of this many elements (1 MiB in fp32)
 UNSCALABLE_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})   # as torch's kernel
 
 _FIX = "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration."
@@ -93,22 +93,31 @@ def non_finite_check_and_unscale_(grads: list[torch.Tensor], found_inf: torch.Te
     then every grad <- grad * inv_scale, in place (inv_scale None: check only). The check is one
     aminmax per bucket (min and max: +-inf shows in one of them, a NaN in both): a big gradient
     (BUCKET_NUMEL elements or more) is a bucket of its own, consecutive small ones (most of a model's
-    tensors) are flattened together into one temporary of at most BUCKET_NUMEL elements. So there is one
-    reduction for many tensors, extra memory bounded by one bucket whatever the model's size, and no
-    Python work per tensor (the flattening is one call per bucket).
+    tensors) are copied together into one buffer of BUCKET_NUMEL elements, reused for every bucket.
+    So there is one reduction for many tensors, and extra memory bounded by the buffer whatever the
+    model's size (a new copy per bucket would fragment the heap and grow it by a bucket each time).
     """
     if found_inf.numel() != 1 or found_inf.dtype != torch.float32:
         raise RuntimeError(f"found_inf must be a 1-element float tensor, got {found_inf.dtype} of shape "
                            f"{tuple(found_inf.shape)}: pass torch.zeros((), device=...) and read it afterwards")
-    for dtype in set(map(operator.attrgetter("dtype"), grads)) - UNSCALABLE_DTYPES:
+    dtypes = set(map(operator.attrgetter("dtype"), grads))
+    for dtype in dtypes - UNSCALABLE_DTYPES:
         raise NotImplementedError(
             f"cannot unscale {dtype} gradients (torch's kernel neither): loss scaling serves real "
             f"float16/bfloat16/float32/float64 gradients. Keep {dtype} parameters out of this "
             f"optimizer, or check and scale their gradients yourself.")
+    numels = tuple(map(torch.Tensor.numel, grads))
     extremes: list[torch.Tensor] = []
-    for start, stop in _bucket_bounds(tuple(map(torch.Tensor.numel, grads))):
-        bucket = grads[start] if stop - start == 1 else torch._utils._flatten_dense_tensors(grads[start:stop])
-        extremes += torch.aminmax(bucket)
+    buffer = None
+    for start, stop in _bucket_bounds(numels):
+        if stop - start == 1:          # one gradient (a big one): no copy
+            extremes += torch.aminmax(grads[start])
+            continue
+        if buffer is None:             # one buffer for all buckets: a new copy per bucket fragments the heap
+            buffer = torch.empty(BUCKET_NUMEL, dtype=functools.reduce(torch.promote_types, dtypes),
+                                 device=grads[0].device)
+        flat = buffer[:sum(numels[start:stop])]
+        extremes += torch.aminmax(torch.cat([torch.flatten(grad) for grad in grads[start:stop]], out=flat))
     if extremes:
         found_inf.masked_fill_(~torch.stack(extremes).isfinite().all(), 1.0)
     if inv_scale is not None and grads:
@@ -346,20 +355,26 @@ class _LossScaler:
         coalesced first (in .grad): duplicate entries may overflow only once summed. Its values are a
         new tensor every time, so a grouping with a sparse gradient is not reused.
         """
+        kinds = [None if grad is None else (grad.device, grad.dtype, grad.is_sparse) for grad in grads]
+        distinct = set(kinds) - {None}
+        if not allow_fp16 and any(dtype is torch.float16 for _, dtype, _ in distinct):
+            raise ValueError(_FP16_GRADS)
+        reusable = not any(sparse for _, _, sparse in distinct)
+        if len(distinct) == 1 and reusable:   # the usual case: one device, one dtype, all dense
+            (device, dtype, _), = distinct
+            return ([_NONE_REF if grad is None else weakref.ref(grad) for grad in grads],
+                    {(device, dtype): [i for i, kind in enumerate(kinds) if kind is not None]})
         positions: dict[tuple[torch.device, torch.dtype], list[int]] = defaultdict(list)
-        reusable = True
-        for i, (param, grad) in enumerate(zip(params, grads)):
-            if grad is None:
+        for i, kind in enumerate(kinds):
+            if kind is None:
                 continue
-            dtype = grad.dtype
-            if dtype is torch.float16 and not allow_fp16:
-                raise ValueError(_FP16_GRADS)
-            if grad.is_sparse:
+            device, dtype, sparse = kind
+            if sparse:
+                grad = params[i].grad
                 if dtype is torch.float16:
-                    param.grad = grad = grad.coalesce()
-                grads[i] = grad = grad._values()
-                reusable = False
-            positions[grad.device, dtype].append(i)
+                    params[i].grad = grad = grad.coalesce()
+                grads[i] = grad._values()
+            positions[device, dtype].append(i)
         refs = [_NONE_REF if grad is None else weakref.ref(grad) for grad in grads] if reusable else ()
         return refs, dict(positions)
 
