@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urldefrag, urlsplit
 
 import pytest
@@ -168,70 +171,134 @@ def test_search_finds_the_lesson_on_loss_scaling(browser, served):
 
 # ---------------------------------------------------------------- lesson 2 in JupyterLab
 
+# JupyterLab's settings for the test: no work besides running the lesson (no autosaves of a notebook whose
+# outputs keep changing, no news toast over the page, no extension listing).
+LAB_SETTINGS = {
+    "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
+    "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
+    "@jupyterlab/extensionmanager-extension/plugin": {"enabled": False},
+}
+RUN_ALL_LIMIT_S = 1500     # the lesson takes about 4 minutes of CPU; a loaded 2-core machine can need 3 times that
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def unrun_copy(notebook: Path, folder: Path) -> Path:
+    """The lesson as it is before anyone runs it: no outputs, no execution counts, no saved widget state.
+
+    So every output the test sees, the slider included, comes from this run's kernel, a cell that did not
+    run shows as not run, and JupyterLab has no stored figures or widget snapshots to render first."""
+    nb = json.loads(notebook.read_text(encoding="utf-8"))
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    nb["metadata"].pop("widgets", None)
+    copy = folder / notebook.name
+    copy.write_text(json.dumps(nb, indent=1), encoding="utf-8")
+    return copy
+
+
+@dataclass
+class Lab:
+    """A running JupyterLab server: its URL, its log file and the test's folder (for screenshots)."""
+    url: str
+    log: Path
+    folder: Path
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def kernels(self) -> str:
+        """The server's own view of its kernels: execution state, last activity, connections."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/kernels", timeout=10) as answer:
+                return answer.read().decode()
+        except OSError as error:
+            return f"(the server did not answer: {error})"
+
+
 @pytest.fixture
 def jupyterlab(tmp_path):
-    """A JupyterLab server (no token, localhost, a free port) over a copy of lesson 2; its URL."""
+    """A JupyterLab server (no token, localhost, a free port, fresh settings) over an unrun copy of lesson 2."""
     work = tmp_path / "course"
     work.mkdir()
-    shutil.copy(ROOT / "notebooks" / LESSON_2, work / LESSON_2)
+    unrun_copy(ROOT / "notebooks" / LESSON_2, work)
+    for plugin, settings in LAB_SETTINGS.items():
+        path = tmp_path / "settings" / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(settings))
     port = free_port()
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces")}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         "--ServerApp.port_retries=0", "--IdentityProvider.token=", "--ServerApp.password=", "--allow-root",
-         "--LabApp.expose_app_in_browser=True", f"--ServerApp.root_dir={work}",
-         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "jupyterlab.log", "w"))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/api/status", timeout=5)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"JupyterLab did not start: {(tmp_path / 'jupyterlab.log').read_text()[-2000:]}")
-                time.sleep(0.5)
-        yield url
-    finally:
-        server.terminate()
+    lab = Lab(f"http://127.0.0.1:{port}", tmp_path / "jupyterlab.log", tmp_path)
+    with open(lab.log, "w") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+             "--ServerApp.port_retries=0", "--IdentityProvider.token=", "--ServerApp.password=", "--allow-root",
+             "--LabApp.expose_app_in_browser=True", f"--ServerApp.root_dir={work}",
+             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+            env=env, stdout=subprocess.DEVNULL, stderr=log)
         try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    urllib.request.urlopen(f"{lab.url}/api/status", timeout=5).close()
+                    break
+                except OSError:
+                    if server.poll() is not None or time.monotonic() > deadline:
+                        pytest.fail(f"JupyterLab did not start (exit code {server.poll()}); its log ends:\n{lab.log_tail()}")
+                    time.sleep(0.5)
+            yield lab
+        finally:
+            server.terminate()      # JupyterLab shuts its kernels down on SIGTERM
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
 
 
-NOTEBOOK = "window.jupyterapp.shell.currentWidget"
+# JupyterLab's application, exposed by --LabApp.expose_app_in_browser once it has started (undefined before).
+NOTEBOOK = "window.jupyterapp?.shell?.currentWidget"
+# The page's view: is the notebook open, its kernel's status, what Run All returned, each cell's state.
+PAGE_STATE = f"""() => {{
+    const nb = {NOTEBOOK}, state = {{app: Boolean(window.jupyterapp), notebook: nb?.title?.label ?? null,
+        kernel: nb?.sessionContext?.session?.kernel?.status ?? null,
+        connection: nb?.sessionContext?.session?.kernel?.connectionStatus ?? null,
+        ready: Boolean(nb?.sessionContext?.isReady), runAll: window.runAll ?? null,
+        dialogs: [...document.querySelectorAll(".jp-Dialog")].map(d => d.innerText.slice(0, 300))}};
+    const cells = nb?.content?.model?.cells;
+    if (!cells) return state;
+    Object.assign(state, {{errors: [], notRun: [], running: [], code: 0}});
+    for (let i = 0; i < cells.length; i++) {{
+        const model = cells.get(i), cell = model.toJSON();
+        if (cell.cell_type !== "code") continue;
+        state.code++;
+        if (cell.execution_count === null) state.notRun.push(i);
+        if (model.executionState === "running") state.running.push(i);
+        for (const o of cell.outputs) if (o.output_type === "error") state.errors.push(`${{i}}: ${{o.ename}}: ${{o.evalue}}`);
+    }}
+    return state;
+}}"""
 KERNEL_IDLE = f"""() => {{
     const nb = {NOTEBOOK};
-    return Boolean(nb && nb.sessionContext && nb.sessionContext.isReady
-                   && nb.sessionContext.session?.kernel?.status === "idle");
+    return Boolean(nb?.sessionContext?.isReady && nb.sessionContext.session?.kernel?.status === "idle");
 }}"""
-CELL_REPORT = f"""() => {{
-    const cells = {NOTEBOOK}.content.model.cells, errors = [], notRun = [];
-    for (let i = 0; i < cells.length; i++) {{
-        const cell = cells.get(i).toJSON();
-        if (cell.cell_type !== "code") continue;
-        if (cell.execution_count === null) notRun.push(i);
-        for (const o of cell.outputs) if (o.output_type === "error") errors.push(`${{i}}: ${{o.ename}}: ${{o.evalue}}`);
-    }}
-    return {{errors, notRun}};
-}}"""
-SHOW_SLIDER_CELL = f"""async () => {{
+RUN_ALL = """() => { window.runAll = undefined;
+    window.jupyterapp.commands.execute("notebook:run-all-cells").then(ok => { window.runAll = String(ok); },
+                                                                      e => { window.runAll = String(e); }); }"""
+# Marks the cell that makes the slider (scrolled into view) so the test finds the widget in that cell's output.
+MARK_SLIDER_CELL = f"""async () => {{
     const nb = {NOTEBOOK}.content, cells = nb.model.cells;
     for (let i = 0; i < cells.length; i++)
         if (cells.get(i).sharedModel.getSource().includes("FigureSlider(")) {{
             nb.activeCellIndex = i;
             await nb.scrollToItem(i, "center");
+            nb.widgets[i].node.dataset.test = "slider-cell";
             return i;
         }}
     return -1;
@@ -241,6 +308,39 @@ IMAGE_BYTES = """async img => {
     let s = ""; for (const b of bytes) s += String.fromCharCode(b);
     return {src: img.src, data: btoa(s)};
 }"""
+KERNEL_GONE = ("dead", "restarting", "autorestarting", "terminating")
+
+
+@contextmanager
+def explained(page, lab: Lab, errors: list[str]):
+    """Turn any failure inside into one that says why: page state, screenshot, kernels, JupyterLab's log."""
+    try:
+        yield
+    except Exception as failure:
+        try:
+            state = page.evaluate(PAGE_STATE)
+        except Exception as error:      # the page itself may be what broke
+            state = f"(could not read the page: {error})"
+        shot = lab.folder / "jupyterlab.png"
+        try:
+            page.screenshot(path=str(shot))
+        except Exception as error:
+            shot = f"(no screenshot: {error})"
+        pytest.fail(f"{type(failure).__name__}: {failure}\n\npage state: {state}\nscreenshot: {shot}\n"
+                    f"script errors: {errors[-10:]}\nthe server's kernels: {lab.kernels()}\n"
+                    f"JupyterLab's log ends:\n{lab.log_tail()}", pytrace=True)
+
+
+def run_all_cells(page) -> dict:
+    """Run All, as a learner does, and wait until it returns; fail at once if the kernel dies or restarts."""
+    page.evaluate(RUN_ALL)
+    deadline = time.monotonic() + RUN_ALL_LIMIT_S
+    while (state := page.evaluate(PAGE_STATE))["runAll"] is None:
+        assert state["kernel"] not in KERNEL_GONE, f"the kernel is {state['kernel']} during Run All"
+        assert time.monotonic() < deadline, f"Run All did not finish in {RUN_ALL_LIMIT_S} s"
+        page.wait_for_timeout(2000)
+    page.wait_for_function(KERNEL_IDLE, timeout=60_000)
+    return page.evaluate(PAGE_STATE)
 
 
 @pytest.mark.slow      # the lesson's own training runs: about 4 minutes of CPU
@@ -248,40 +348,37 @@ def test_lesson_2_runs_in_jupyterlab_and_its_loss_scale_slider_redraws_the_histo
     outside_before = len(browser.outside)
     page = browser.new_page()
     errors = watch(page)
-    page.goto(f"{jupyterlab}/lab/tree/{LESSON_2}?reset")
-    page.wait_for_function(KERNEL_IDLE, timeout=180_000)
+    with explained(page, jupyterlab, errors):
+        page.goto(f"{jupyterlab.url}/lab/tree/{LESSON_2}?reset")
+        page.wait_for_function(KERNEL_IDLE, timeout=300_000, polling=500)
+        state = page.evaluate(PAGE_STATE)
+        assert state["notebook"] == LESSON_2 and len(state["notRun"]) == state["code"] > 20, state
 
-    # Run every cell, as a learner's "Run All" does, and wait until the kernel is done.
-    page.evaluate(f"""() => {{ window.runAll = undefined;
-        window.jupyterapp.commands.execute("notebook:run-all-cells").then(ok => {{ window.runAll = String(ok); }},
-                                                                          e => {{ window.runAll = String(e); }}); }}""")
-    page.wait_for_function("() => window.runAll !== undefined", timeout=1_800_000, polling=1000)
-    page.wait_for_function(KERNEL_IDLE, timeout=60_000)
-    report = page.evaluate(CELL_REPORT)
-    assert page.evaluate("() => window.runAll") == "true" and not report["errors"] and not report["notRun"], report
+        state = run_all_cells(page)
+        assert state["runAll"] == "true" and not state["errors"] and not state["notRun"], state
 
-    # The slider the lesson made, with the histogram it drew at log2 S = 0.
-    assert page.evaluate(SHOW_SLIDER_CELL) >= 0
-    widget = page.locator(".widget-vbox", has=page.locator(".widget-slider")).last
-    widget.scroll_into_view_if_needed()
-    slider, readout, image = widget.locator(".noUi-target"), widget.locator(".widget-readout"), widget.locator("img")
-    image.wait_for(timeout=30_000)
-    assert readout.inner_text().strip() == "0"
-    before = image.evaluate(IMAGE_BYTES)
+        # The slider the lesson made, with the histogram it drew at log2 S = 0.
+        assert page.evaluate(MARK_SLIDER_CELL) >= 0
+        widget = page.locator("[data-test=slider-cell] .widget-vbox", has=page.locator(".widget-slider"))
+        slider, readout, image = widget.locator(".noUi-target"), widget.locator(".widget-readout"), widget.locator("img")
+        image.wait_for(timeout=60_000)
+        widget.scroll_into_view_if_needed()
+        assert readout.inner_text().strip() == "0"
+        before = image.evaluate(IMAGE_BYTES)
 
-    # Drag the handle two fifths of the way along, as a learner would, and let go.
-    handle, track = widget.locator(".noUi-handle").bounding_box(), slider.bounding_box()
-    page.mouse.move(handle["x"] + handle["width"] / 2, handle["y"] + handle["height"] / 2)
-    page.mouse.down()
-    page.mouse.move(track["x"] + 0.4 * track["width"], handle["y"] + handle["height"] / 2, steps=8)
-    page.mouse.up()
-    page.wait_for_function("([img, src]) => img.src !== src", arg=[image.element_handle(), before["src"]],
-                           timeout=120_000)
-    after = image.evaluate(IMAGE_BYTES)
-    moved_to = int(readout.inner_text())
+        # Drag the handle two fifths of the way along, as a learner would, and let go.
+        handle, track = widget.locator(".noUi-handle").bounding_box(), slider.bounding_box()
+        page.mouse.move(handle["x"] + handle["width"] / 2, handle["y"] + handle["height"] / 2)
+        page.mouse.down()
+        page.mouse.move(track["x"] + 0.4 * track["width"], handle["y"] + handle["height"] / 2, steps=8)
+        page.mouse.up()
+        page.wait_for_function("([img, src]) => img.src !== src", arg=[image.element_handle(), before["src"]],
+                               timeout=120_000)
+        after = image.evaluate(IMAGE_BYTES)
+        moved_to = int(readout.inner_text())
+
+        assert 10 <= moved_to <= 24, f"the slider moved to {moved_to}, not two fifths of 0..44"
+        assert after["data"] != before["data"], "the histogram image did not change when the slider moved"
+        assert not errors, errors
     page.close()
-
-    assert 10 <= moved_to <= 24, f"the slider moved to {moved_to}, not two fifths of 0..44"
-    assert after["data"] != before["data"], "the histogram image did not change when the slider moved"
-    assert not errors, errors
     assert browser.outside[outside_before:] == [], "JupyterLab asked for files outside this machine"
