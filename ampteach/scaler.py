@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import math
 import operator
 import struct
@@ -93,7 +94,8 @@ def non_finite_check_and_unscale_(grads: list[torch.Tensor], found_inf: torch.Te
     then every grad <- grad * inv_scale, in place (inv_scale None: check only). The check is one
     aminmax per bucket (min and max: +-inf shows in one of them, a NaN in both): a big gradient
     (BUCKET_NUMEL elements or more) is a bucket of its own, consecutive small ones (most of a model's
-    tensors) are copied together into one buffer of BUCKET_NUMEL elements, reused for every bucket.
+    tensors) are copied together, one `_foreach_copy_` per bucket, into one buffer of BUCKET_NUMEL
+    elements, reused for every bucket and kept with its views for the last few gradient layouts.
     So there is one reduction for many tensors, and extra memory bounded by the buffer whatever the
     model's size (a new copy per bucket would fragment the heap and grow it by a bucket each time).
     """
@@ -108,16 +110,17 @@ def non_finite_check_and_unscale_(grads: list[torch.Tensor], found_inf: torch.Te
             f"optimizer, or check and scale their gradients yourself.")
     numels = tuple(map(torch.Tensor.numel, grads))
     extremes: list[torch.Tensor] = []
-    buffer = None
+    staging = None
     for start, stop in _bucket_bounds(numels):
         if stop - start == 1:          # one gradient (a big one): no copy
             extremes += torch.aminmax(grads[start])
             continue
-        if buffer is None:             # one buffer for all buckets: a new copy per bucket fragments the heap
-            buffer = torch.empty(BUCKET_NUMEL, dtype=functools.reduce(torch.promote_types, dtypes),
-                                 device=grads[0].device)
-        flat = buffer[:sum(numels[start:stop])]
-        extremes += torch.aminmax(torch.cat([torch.flatten(grad) for grad in grads[start:stop]], out=flat))
+        if staging is None:            # one buffer for all buckets: a new copy per bucket fragments the heap
+            staging = _staging(tuple(map(operator.attrgetter("shape"), grads)),
+                               functools.reduce(torch.promote_types, dtypes), grads[0].device)
+        flat, views = staging[start]
+        torch._foreach_copy_(views, grads[start:stop])      # one call copies the bucket (casting to flat's dtype)
+        extremes += torch.aminmax(flat)
     if extremes:
         found_inf.masked_fill_(~torch.stack(extremes).isfinite().all(), 1.0)
     if inv_scale is not None and grads:
@@ -125,6 +128,24 @@ def non_finite_check_and_unscale_(grads: list[torch.Tensor], found_inf: torch.Te
             raise RuntimeError(f"inv_scale must be a 1-element float tensor, got {inv_scale.dtype} of shape "
                                f"{tuple(inv_scale.shape)}")
         torch._foreach_mul_(grads, inv_scale.reshape(()) if inv_scale.dim() else inv_scale)   # g * fp32(1/S)
+
+
+@functools.lru_cache(maxsize=4)
+def _staging(shapes: tuple[torch.Size, ...], dtype: torch.dtype, device: torch.device
+             ) -> dict[int, tuple[torch.Tensor, list[torch.Tensor]]]:
+    """For gradients of these shapes: one buffer of BUCKET_NUMEL elements, and per bucket of small gradients
+    (keyed by its first index) the part of the buffer it fills and a view of that part per gradient, shaped
+    like it. Cached (a model's shapes are the same every step), because building views costs more than the
+    copy: a few MiB stay allocated for the last few layouts seen."""
+    numels = tuple(map(math.prod, shapes))
+    buffer = torch.empty(BUCKET_NUMEL, dtype=dtype, device=device)
+    out = {}
+    for start, stop in _bucket_bounds(numels):
+        if stop - start > 1:
+            offsets = [0, *itertools.accumulate(numels[start:stop])]
+            out[start] = (buffer[:offsets[-1]], [buffer[a:b].view(shape) for a, b, shape
+                                                 in zip(offsets, offsets[1:], shapes[start:stop])])
+    return out
 
 
 @functools.lru_cache(maxsize=64)
