@@ -150,37 +150,45 @@ def _converter(to: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
     return _CONVERT.get(to) or (lambda t: t.to(to))
 
 
+def cache_usable() -> bool:
+    """Whether the weight-cast cache may serve now: the region's cache_enabled, and not in inference mode."""
+    return torch.is_autocast_cache_enabled() and not torch.is_inference_mode_enabled()
+
+
 def _caster(device: str) -> Callable:
     """cast(t, to, convert, cache) for one device's kernels: torch's at::autocast::cached_cast."""
     cpu = device == "cpu"
-    cache_enabled, inference_mode, is_cached, grad_enabled = (
-        torch.is_autocast_cache_enabled, torch.is_inference_mode_enabled, torch._C._is_cached_tensor, torch.is_grad_enabled)
+    is_cached, grad_enabled = torch._C._is_cached_tensor, torch.is_grad_enabled
 
     def cast(t: torch.Tensor, to: torch.dtype, convert: Callable, cache: bool) -> torch.Tensor:
         """t.to(to) if t is eligible (floating, on the device, not float64) and not already `to`.
 
-        With cache=True (to is the region's dtype), an fp32 leaf that requires grad and is not a
-        view is cast once per region: the weight-cast cache. The cast is made with grad enabled (a
-        cast first made under no_grad still carries gradients later), never in inference mode, and
-        keyed by the tensor alone (an inner region with another dtype gets the outer region's cast,
-        as in torch).
+        cache=True (`to` is the region's dtype and cache_usable(), checked once per op call): an fp32
+        leaf that requires grad and is not a view is cast once per region, the weight-cast cache. The
+        cast is made with grad enabled (a cast first made under no_grad still carries gradients
+        later) and keyed by the tensor alone (an inner region with another dtype gets the outer
+        region's cast, as in torch). A cached tensor is looked up before the checks that cannot
+        change for it (not a view, not one of torch's cached tensors when it was entered).
         """
         dtype = t.dtype
-        if dtype is to or dtype is _F64 or not t.is_floating_point() or not (
-                (t.is_cpu or t.is_mkldnn) if cpu else t.is_cuda):
+        if dtype is to:
             return t
-        if (cache and dtype is _F32 and t.requires_grad and t.is_leaf and not t._is_view() and cache_enabled()
-                and not inference_mode() and not is_cached(t)):
+        if dtype is not _F32 and (dtype is _F64 or not dtype.is_floating_point):
+            return t
+        if not ((t.is_cpu or t.is_mkldnn) if cpu else t.is_cuda):
+            return t
+        if cache and dtype is _F32 and t.requires_grad and t.is_leaf:
             hit = _cache.get(id(t))
-            if hit is not None and hit[0] is t:
+            if hit is not None and hit[0] is t:     # entered as a non-view, not a cached tensor: both stay so
                 return hit[1]
-            if grad_enabled():
-                cast_t = convert(t)
-            else:
-                with torch.enable_grad():
+            if not t._is_view() and not is_cached(t):
+                if grad_enabled():
                     cast_t = convert(t)
-            _cache[id(t)] = (t, cast_t)          # holding t keeps its id from being reused while cached
-            return cast_t
+                else:
+                    with torch.enable_grad():
+                        cast_t = convert(t)
+                _cache[id(t)] = (t, cast_t)      # holding t keeps its id from being reused while cached
+                return cast_t
         return convert(t)
 
     return cast
@@ -344,21 +352,29 @@ def _body(device: str, name: str, policy: str) -> Callable:
 
     if policy in ("lower_precision_fp", "fp32") and len(plain) == len(order):   # the hot path, flat
         fp32 = policy == "fp32"
+        key = getattr(torch._C.DispatchKey, DEVICE_KEYS[device])
+        exclude = torch._C._dispatch_tls_set_dispatch_key_excluded
 
         def body(args, kwargs, use_cache):
             to = _F32 if fp32 else get_dtype(device)
-            convert, cache, args, n = _CONVERT.get(to) or _converter(to), use_cache and not fp32, list(args), len(args)
-            with no_autocast():
+            convert, cache, args, n = _CONVERT.get(to) or _converter(to), use_cache and not fp32 and cache_usable(), list(args), len(args)
+            # Run below the Autocast key, as torch's wrapper does. Its guard excludes every Autocast key; the
+            # kernel's own key is the one this op and the ops inside it meet (their tensors are on its device),
+            # and switching it costs a third of the guard. It was on when the op reached this kernel.
+            exclude(key, True)
+            try:
                 for i in plain:
                     if i < n:
                         t = args[i]
                         if t is not None and t.dtype is not to:
                             args[i] = cast(t, to, convert, cache)
                 return call(*args, **kwargs)
+            finally:
+                exclude(key, False)
     elif policy == "lower_precision_fp":
         def body(args, kwargs, use_cache):
             with no_autocast():
-                args, kwargs = cast_all(args, kwargs, get_dtype(device), use_cache)
+                args, kwargs = cast_all(args, kwargs, get_dtype(device), use_cache and cache_usable())
                 return call(*args, **kwargs)
     elif policy == "fp32":
         def body(args, kwargs, use_cache):
@@ -397,7 +413,7 @@ def _body(device: str, name: str, policy: str) -> Callable:
                 for t in (value if slot.is_list else (value,)):
                     to = _prioritize(to, t, low, on_device, name)
             with no_autocast():
-                args, kwargs = cast_all(args, kwargs, to, use_cache and to is low)
+                args, kwargs = cast_all(args, kwargs, to, use_cache and to is low and cache_usable())
                 return call(*args, **kwargs)
     elif policy == "banned":
         def body(args, kwargs, use_cache):

@@ -606,6 +606,16 @@ def test_nesting_and_enabled_false_restore_the_outer_state(region):
     assert state() == (False, BF16, True) and mm_dtype() == FP32
 
 
+def test_an_error_inside_a_kernel_leaves_the_region_casting():
+    """A listed op that raises (here: shapes that do not match) must not leave its Autocast key switched off."""
+    key = torch._C.DispatchKey.AutocastCPU
+    with autocast("cpu"):
+        with pytest.raises(RuntimeError):
+            F.linear(torch.rand(2, 3), torch.rand(4, 5))
+        assert not torch._C._dispatch_tls_is_dispatch_key_excluded(key)
+        assert mm_dtype() == BF16 and F.linear(torch.rand(2, 3), torch.rand(4, 3)).dtype == BF16
+
+
 def test_out_of_order_exit_restores_what_torch_restores():
     """Each region restores the state it found on entry: torch's rule, also when exits cross."""
     finals = []
@@ -787,6 +797,45 @@ def test_a_weight_used_twice_gets_torchs_gradient(cache_enabled):
         loss.backward()
         grads.append(p.grad)
     assert torch.equal(grads[0], grads[1])
+
+
+def cast_nodes(t: torch.Tensor) -> set:
+    """The autograd nodes of the casts t was computed from."""
+    seen, todo = set(), [t.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo.extend(fn for fn, _ in node.next_functions)
+    return {node for node in seen if node.name().startswith("ToCopyBackward")}
+
+
+@pytest.mark.parametrize("inner", ["cache_enabled=False", "inference_mode", "requires_grad_(False)"])
+def test_a_cached_weight_is_not_served_where_torch_would_cast_afresh(inner):
+    """ampteach looks the cache up first; an inner no-cache region, inference mode or a weight that no
+    longer requires grad must still get a fresh cast, as torch's cached_cast checks them per call."""
+    torch.manual_seed(0)
+    w, x = torch.randn(64, 64), torch.randn(32, 64)
+    results = []
+    for make in (torch.autocast, autocast):
+        p = nn.Parameter(w.clone())
+        with make("cpu"):
+            first = F.linear(x, p)                       # caches p's bf16 cast
+            with torch.no_grad():
+                p.add_(1.0)                              # a served cache would now be stale: values show it
+            if inner == "cache_enabled=False":
+                with make("cpu", cache_enabled=False):
+                    second = F.linear(first.detach(), p)
+            elif inner == "inference_mode":
+                with torch.inference_mode():
+                    second = F.linear(first.detach(), p)
+            else:
+                p.requires_grad_(False)
+                second = F.linear(first.detach(), p)
+                p.requires_grad_(True)
+        results.append((first, second, bool(cast_nodes(first) & cast_nodes(second))))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert results[0][2] == results[1][2] is False   # neither hands out the first call's cast node
 
 
 def test_the_cache_changes_the_gradient_so_it_matters():
