@@ -167,8 +167,8 @@ def _caster(device: str) -> Callable:
         leaf that requires grad and is not a view is cast once per region, the weight-cast cache. The
         cast is made with grad enabled (a cast first made under no_grad still carries gradients
         later) and keyed by the tensor alone (an inner region with another dtype gets the outer
-        region's cast, as in torch). A cached tensor is looked up before the checks that cannot
-        change for it (not a view, not one of torch's cached tensors when it was entered).
+        region's cast, as in torch). A weight already in the cache is looked up before the view check,
+        which cannot change for it.
         """
         dtype = t.dtype
         if dtype is to:
@@ -179,9 +179,10 @@ def _caster(device: str) -> Callable:
             return t
         if cache and dtype is _F32 and t.requires_grad and t.is_leaf:
             hit = _cache.get(id(t))
-            if hit is not None and hit[0] is t:     # entered as a non-view, not a cached tensor: both stay so
-                return hit[1]
-            if not t._is_view() and not is_cached(t):
+            if hit is not None and hit[0] is t:     # entered as a non-view (a tensor stays one or the other)
+                if not is_cached(t):
+                    return hit[1]
+            elif not t._is_view() and not is_cached(t):
                 if grad_enabled():
                     cast_t = convert(t)
                 else:

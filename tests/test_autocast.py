@@ -810,10 +810,11 @@ def cast_nodes(t: torch.Tensor) -> set:
     return {node for node in seen if node.name().startswith("ToCopyBackward")}
 
 
-@pytest.mark.parametrize("inner", ["cache_enabled=False", "inference_mode", "requires_grad_(False)"])
+@pytest.mark.parametrize("inner", ["cache_enabled=False", "inference_mode", "requires_grad_(False)", "_add_cached_tensor"])
 def test_a_cached_weight_is_not_served_where_torch_would_cast_afresh(inner):
-    """ampteach looks the cache up first; an inner no-cache region, inference mode or a weight that no
-    longer requires grad must still get a fresh cast, as torch's cached_cast checks them per call."""
+    """ampteach looks the cache up early; an inner no-cache region, inference mode, a weight that no
+    longer requires grad or one marked as a cached tensor must still get a fresh cast, as torch's
+    cached_cast checks them per call."""
     torch.manual_seed(0)
     w, x = torch.randn(64, 64), torch.randn(32, 64)
     results = []
@@ -829,10 +830,18 @@ def test_a_cached_weight_is_not_served_where_torch_would_cast_afresh(inner):
             elif inner == "inference_mode":
                 with torch.inference_mode():
                     second = F.linear(first.detach(), p)
-            else:
+            elif inner == "requires_grad_(False)":
                 p.requires_grad_(False)
                 second = F.linear(first.detach(), p)
                 p.requires_grad_(True)
+            else:                                        # marked as one of torch's cached tensors (CUDA graph trees)
+                torch._C._set_cached_tensors_enabled(True)
+                torch._C._add_cached_tensor(p)
+                try:
+                    second = F.linear(first.detach(), p)
+                finally:
+                    torch._C._remove_cached_tensor(p)
+                    torch._C._set_cached_tensors_enabled(False)
         results.append((first, second, bool(cast_nodes(first) & cast_nodes(second))))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
     assert results[0][2] == results[1][2] is False   # neither hands out the first call's cast node
