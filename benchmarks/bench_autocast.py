@@ -5,9 +5,9 @@
 
 A step is the course's: forward + cross-entropy inside the region, then backward and an AdamW step
 outside it, on a FashionMNIST-sized batch (128 images). Both autocasts work at the dispatcher's
-AutocastCPU key; ampteach's kernels are Python, so its overhead is a few microseconds per call of
-a listed op (the MLP calls three: two linears and the loss; the CNN five) plus entering and leaving
-the region. Unlisted ops (ReLU, pooling, BatchNorm, the whole backward pass) never enter Python.
+AutocastCPU key; ampteach's kernels are Python, so it pays per call of a listed op (the MLP calls
+three: two linears and the loss; the CNN five) about 37k instructions more than torch (counted with
+callgrind: see benchmarks/README.md; 10-30 us on a 2-core AMD EPYC), plus ~7k for the region. Unlisted ops (ReLU, pooling, BatchNorm, the whole backward pass) never enter Python.
 Rows: the course MLP (256) and CNN (32, 64) in bfloat16 (the target), the MLP in float16 and an MLP
 of eight narrow layers (many calls, little arithmetic: the worst case), for information.
 
