@@ -17,8 +17,8 @@ from pathlib import Path
 
 from nbval.plugin import IPyNbFile
 
-# Patience for cell output on a busy machine (see ampteach.autograde.pytest_collection_modifyitems).
-pytest_plugins = ["ampteach.autograde"]
+# Patience for cell output on a busy machine (see ampteach.grading.autograde.pytest_collection_modifyitems).
+pytest_plugins = ["ampteach.grading.autograde"]
 
 ROOT = Path(__file__).parent
 STRICT_BY_FOLDER = {ROOT / "notebooks": True, ROOT / "solutions": False}

@@ -16,40 +16,44 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 # foundation: data, models, one training loop for every precision
-from .data import DataFileError, DatasetNotFoundError, FashionMNIST, course_split, load_fashion_mnist, preload
-from .models import cnn, mlp
-from .seeding import seed_everything
-from .train import History, TrainConfig, evaluate, train
+from ampteach.training.data import DataFileError, DatasetNotFoundError, FashionMNIST, course_split, load_fashion_mnist, preload
+from ampteach.training.models import cnn, mlp
+from ampteach.training.seeding import seed_everything
+from ampteach.training.train import History, TrainConfig, evaluate, train
 
 # lesson 1: float formats
-from .formats import (FORMATS, FloatFormat, bit_string, decode, encode, format_table, grid_near, like_torch,
+from ampteach.amp.formats import (FORMATS, FloatFormat, bit_string, decode, encode, format_table, grid_near, like_torch,
                       round_to_bf16, round_to_format, ulp)
 
 # lesson 2: underflow and loss scaling
-from .scaler import GradScaler, OptState, StaticLossScaler
-from .underflow import ShrinkGradients, collect_gradients, plot_gradient_histogram, zone_fractions
+from ampteach.amp.scaler import GradScaler, OptState, StaticLossScaler
+from ampteach.lab.underflow import ShrinkGradients, collect_gradients, plot_gradient_histogram, zone_fractions
 
 # lesson 3: master weights, memory, and pure bf16 (Kahan-compensated updates, stochastic rounding)
-from .half_weights import HalfWeights
-from .kahan import kahan_add_
-from .master import MasterWeights, to_half
-from .memory import measure_peak, measure_step, memory_breakdown
-from .stochastic_rounding import round_stochastic
+from ampteach.amp.half_weights import HalfWeights
+from ampteach.amp.kahan import kahan_add_
+from ampteach.amp.master import MasterWeights, to_half
+from ampteach.lab.memory import measure_peak, measure_step, memory_breakdown
+from ampteach.amp.stochastic_rounding import round_stochastic
 
 # lesson 4: autocast
-from .autocast import autocast, custom_bwd, custom_fwd
+from ampteach.amp.autocast import autocast, custom_bwd, custom_fwd
 
 # lessons 5 and 6: recipes and checkpoints; debugging and scale-out (their helpers, imported where used:
 # ampteach.accumulation, .clipping, .nan_spread, .side_by_side, .distributed)
-from .checkpoint import load_checkpoint, save_checkpoint
+from ampteach.training.checkpoint import load_checkpoint, save_checkpoint
 
 # lesson 7: when mixed precision pays off
-from .roofline import plot_roofline, roofline_table
-from .step_time import amdahl, profile_step, width_sweep
+from ampteach.lab.roofline import plot_roofline, roofline_table
+from ampteach.lab.step_time import amdahl, profile_step, width_sweep
 
 # lesson 8: fp8 and microscaling
-from .fp8 import DelayedScaling, Float8Linear, convert_to_float8_training, quantize_tensorwise
-from .mx import MXTensor, mx_dequantize, mx_quantize
+from ampteach.amp.fp8 import DelayedScaling, Float8Linear, convert_to_float8_training, quantize_tensorwise
+from ampteach.amp.mx import MXTensor, mx_dequantize, mx_quantize
+
+from ampteach import _moved
+
+_moved.install()  # old module paths (ampteach.checks, ...) still import, with a warning
 
 __all__ = [
     "DataFileError", "DatasetNotFoundError", "FashionMNIST", "course_split", "load_fashion_mnist", "preload",

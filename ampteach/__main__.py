@@ -1,5 +1,5 @@
 """`python -m ampteach ...` is the same as the `ampteach` command."""
 
-from .cli import main
+from ampteach.tools.cli import main
 
 raise SystemExit(main())

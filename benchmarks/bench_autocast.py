@@ -30,8 +30,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ampteach.autocast import autocast
-from ampteach.models import cnn, mlp
+from ampteach.amp.autocast import autocast
+from ampteach.training.models import cnn, mlp
 
 BATCH = 128
 TARGET = 1.05

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from ampteach.formats import FORMATS, round_to_bf16, round_to_format
+from ampteach.amp.formats import FORMATS, round_to_bf16, round_to_format
 
 N = 4 * 2**20
 REPEATS = 7

@@ -16,9 +16,9 @@ import json
 from pathlib import Path
 
 from ampteach import course_split, load_fashion_mnist, preload
-from ampteach.doctor import collect
-from ampteach.roofline import format_table, roofline_table, speedups
-from ampteach.step_time import width_sweep
+from ampteach.tools.doctor import collect
+from ampteach.lab.roofline import format_table, roofline_table, speedups
+from ampteach.lab.step_time import width_sweep
 
 MATMUL_TARGET, TRAIN_TARGET = 3.0, 1.5
 

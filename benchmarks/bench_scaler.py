@@ -33,7 +33,7 @@ import time
 
 import torch
 
-from ampteach.scaler import GradScaler
+from ampteach.amp.scaler import GradScaler
 
 N_LAYERS = 100          # weight + bias each: 200 parameter tensors
 WIDTH = 64

@@ -54,9 +54,9 @@ def no_network(attempts: list):
 def built_site():
     """The course's site, built once per test process from this checkout, offline.
 
-    Returns (site, attempts): ampteach.site.Site and the network accesses the build tried (refused)."""
+    Returns (site, attempts): ampteach.tools.website.Site and the network accesses the build tried (refused)."""
     pytest.importorskip("myst_nb", reason='the site tools are not installed: pip install -e ".[site]"')
-    from ampteach import site
+    from ampteach.tools import website as site
 
     out = Path(tempfile.mkdtemp(prefix="ampteach-site-test-"))
     atexit.register(shutil.rmtree, out, ignore_errors=True)

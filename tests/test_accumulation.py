@@ -1,4 +1,4 @@
-"""ampteach.accumulation: one optimizer step from N micro-batches, checked against PyTorch's own recipe.
+"""ampteach.lab.grad_accumulation: one optimizer step from N micro-batches, checked against PyTorch's own recipe.
 
 The reference is the loop of PyTorch's AMP examples ("Gradient accumulation") written out with
 torch.autocast and torch.amp.GradScaler; accumulation_step must reproduce it bit for bit, with either
@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import ampteach
-from ampteach.accumulation import accumulation_step, plot_accumulation_windows, windows_from_events
-from ampteach.distributed import AllReduceCount, count_all_reduces
+from ampteach.lab.grad_accumulation import accumulation_step, plot_accumulation_windows, windows_from_events
+from ampteach.lab.distributed import AllReduceCount, count_all_reduces
 
 N = 4
 GEN = torch.Generator().manual_seed(0)

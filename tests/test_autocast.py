@@ -1,8 +1,8 @@
-"""ampteach.autocast against torch.autocast: the same kernels' work at the same dispatch key, bit for bit.
+"""ampteach.amp.autocast against torch.autocast: the same kernels' work at the same dispatch key, bit for bit.
 
 Sections: (1) the dispatcher: ampteach's kernel serves every op torch registers at the Autocast keys
 and nothing else, installed once and handed back to torch both ways; (2) each problem of a
-Python-level autocast (issue "ampteach.autocast at the dispatcher", its "Why" list) now gives
+Python-level autocast (issue "ampteach.amp.autocast at the dispatcher", its "Why" list) now gives
 torch.autocast's values, dtypes and gradients; (3) op by op and on the course's models; (4) region
 rules: nesting, decorator, mixing with torch.autocast, out-of-order exit, threads, arguments;
 (5) the weight-cast cache, records, custom_fwd/custom_bwd. PyTorch's own autocast tests run
@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 import ampteach
-from ampteach import cast_lists
-from ampteach.autocast import (
+from ampteach.amp import cast_lists
+from ampteach.amp.autocast import (
     BANNED_MESSAGE,
     DEVICE_KEYS,
     NOT_SERVED,
@@ -37,13 +37,13 @@ from ampteach.autocast import (
     installed,
     uninstall,
 )
-from ampteach.data import course_split, load_fashion_mnist, preload
-from ampteach.models import cnn, mlp
-from ampteach.reference import OP_CASES, dispatch_trace, fake_cuda, op_agreement, torch_autocast
-from ampteach.train import autocast_for
+from ampteach.training.data import course_split, load_fashion_mnist, preload
+from ampteach.training.models import cnn, mlp
+from ampteach.lab.compare_torch import OP_CASES, dispatch_trace, fake_cuda, op_agreement, torch_autocast
+from ampteach.training.train import autocast_for
 
 BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
-AUTOCAST = sys.modules["ampteach.autocast"]
+AUTOCAST = sys.modules["ampteach.amp.autocast"]
 FAMILIES = {"matmul", "convolution", "attention", "norm", "softmax", "pointwise", "reduction", "loss",
             "promote", "fp64 and integers", "explicit dtype", "out=", "in-place", "pooling and padding",
             "torch.ops.aten"}
@@ -120,7 +120,7 @@ def test_in_a_region_every_op_torch_registers_runs_ampteachs_kernel_and_torchs_i
             if (device_type, cast_lists.base_name(name)) in NOT_SERVED:
                 assert "autocast.py" not in active[0], name
                 continue
-            assert len(active) == 1 and "ampteach/autocast.py" in active[0], f"{name}: {active}"
+            assert len(active) == 1 and "ampteach/amp/autocast.py" in active[0], f"{name}: {active}"
             assert inactive and "autocast_mode.cpp" in inactive[0], f"{name}: torch's wrapper should be inactive"
 
 

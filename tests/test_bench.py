@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from ampteach import bench, mlp
+from ampteach import mlp
+from ampteach.tools import bench
 
 ROW_KEYS = {"impl", "config", "samples_per_s", "peak_mem_bytes", "accuracy", "speedup_vs_fp32", "mem_measure"}
 

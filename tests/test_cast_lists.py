@@ -1,4 +1,4 @@
-"""ampteach.cast_lists against torch 2.13 itself: the dispatcher's registrations and observed behaviour.
+"""ampteach.amp.cast_lists against torch 2.13 itself: the dispatcher's registrations and observed behaviour.
 
 Three independent checks: (1) each table holds exactly the ops torch registers for AutocastCPU /
 AutocastCUDA; (2) running an op under torch.autocast shows the policy the table names (CUDA with
@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ampteach import cast_lists as cl
-from ampteach.autocast import autocast
-from ampteach.reference import fake_cuda, has_cuda, torch_autocast
+from ampteach.amp import cast_lists as cl
+from ampteach.amp.autocast import autocast
+from ampteach.lab.compare_torch import fake_cuda, has_cuda, torch_autocast
 
 pytestmark = [   # probing deprecated or experimental ops makes torch say so
     pytest.mark.filterwarnings("ignore:.*frobenius_norm is deprecated:UserWarning"),
@@ -321,7 +321,7 @@ def test_each_policy_is_what_torch_autocast_does(device_type, op):
 
 
 def ampteach_region(device_type, dtype):
-    """ampteach.autocast(device_type, dtype), also for CUDA on a machine without a GPU (fake tensors)."""
+    """ampteach.amp.autocast(device_type, dtype), also for CUDA on a machine without a GPU (fake tensors)."""
     return autocast(device_type, dtype=dtype, fake_cuda=device_type == "cuda" and not has_cuda())
 
 

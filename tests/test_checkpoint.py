@@ -1,4 +1,4 @@
-"""ampteach.checkpoint: what goes into the file, what comes back, and what is refused.
+"""ampteach.training.checkpoint: what goes into the file, what comes back, and what is refused.
 
 The end-to-end property (a killed run resumes bit-identical) is in tests/test_faults.py; here each
 piece is checked on a few hand-written O2 steps with torch.amp.GradScaler as the reference scaler.
@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 
 import ampteach
-from ampteach.checkpoint import FORMAT, load_checkpoint, save_checkpoint
-from ampteach.master import MasterWeights, to_half
-from ampteach.train import History, TrainConfig, train
+from ampteach.training.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from ampteach.amp.master import MasterWeights, to_half
+from ampteach.training.train import History, TrainConfig, train
 
 X = torch.randn(32, 1, 28, 28, generator=torch.Generator().manual_seed(0))
 Y = torch.arange(32) % 10
@@ -154,7 +154,7 @@ def test_master_from_another_model_is_refused(tmp_path):
 @pytest.fixture(scope="module")
 def tiny():
     d = ampteach.preload(ampteach.course_split(ampteach.load_fashion_mnist(download=False)))
-    return ampteach.data.Preloaded(d.train_x[:256], d.train_y[:256], d.test_x[:64], d.test_y[:64], d.mean, d.std)
+    return ampteach.training.data.Preloaded(d.train_x[:256], d.train_y[:256], d.test_x[:64], d.test_y[:64], d.mean, d.std)
 
 
 @pytest.mark.parametrize("kwargs", [dict(checkpoint_path="x.pt"), dict(checkpoint_every=2),

@@ -1,4 +1,4 @@
-"""ampteach.clipping: what clip_trace records, checked against the arithmetic of clip_grad_norm_ and the scaler."""
+"""ampteach.lab.clipping: what clip_trace records, checked against the arithmetic of clip_grad_norm_ and the scaler."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ampteach
-from ampteach.clipping import ClipTrace, clip_trace, grad_norm, plot_clip_trace
+from ampteach.lab.clipping import ClipTrace, clip_trace, grad_norm, plot_clip_trace
 
 GEN = torch.Generator().manual_seed(0)
 BATCHES = [(torch.randn(32, 1, 28, 28, generator=GEN), torch.randint(0, 10, (32,), generator=GEN)) for _ in range(12)]

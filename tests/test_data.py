@@ -1,4 +1,4 @@
-"""ampteach.data against the shared subset, against corrupted copies, and against local "downloads"."""
+"""ampteach.training.data against the shared subset, against corrupted copies, and against local "downloads"."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from ampteach import data as D
+from ampteach.training import data as D
 
 # The course split: where the test run points AMPTEACH_DATA (CI: ../shared's subset), else the bundled copy.
 SUBSET = Path(os.environ.get("AMPTEACH_DATA") or D.bundled_root())
@@ -341,7 +341,7 @@ def test_full_download_goes_to_the_cache_and_is_used_next(offline, monkeypatch):
 
 
 def test_ampteach_data_command_says_where(offline, capsys):
-    from ampteach.cli import main
+    from ampteach.tools.cli import main
     assert main(["data"]) == 0
     out = capsys.readouterr().out
     assert "bundled with ampteach" in out and "AMPTEACH_DATA" in out

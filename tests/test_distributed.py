@@ -1,4 +1,4 @@
-"""ampteach.distributed: the real 2-process DDP job on the CPU (gloo), and its pieces in-process.
+"""ampteach.lab.distributed: the real 2-process DDP job on the CPU (gloo), and its pieces in-process.
 
 The job is launched exactly as a learner launches it, `python -m torch.distributed.run
 --nproc_per_node 2 -m ampteach.distributed --device cpu ...`, on a free localhost port (no network).
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import ampteach
-from ampteach.data import Preloaded
-from ampteach.distributed import checksum, launch, parse_args, parse_output, shard_batches
+from ampteach.training.data import Preloaded
+from ampteach.lab.distributed import checksum, launch, parse_args, parse_output, shard_batches
 
 STEPS, INJECT_AT, INJECT_RANK = 6, 3, 1
 
@@ -133,7 +133,7 @@ def test_the_module_says_how_to_launch_it_when_run_alone(monkeypatch, capsys):
     for name in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(SystemExit, match="torch.distributed.run --nproc_per_node 2 -m ampteach.distributed"):
-        ampteach.distributed.main(["--steps", "1"])
+        ampteach.lab.distributed.main(["--steps", "1"])
     with pytest.raises(SystemExit):
         parse_args(["--steps", "0"])
     assert "--steps, --batch-size and --accumulate must be >= 1" in capsys.readouterr().err

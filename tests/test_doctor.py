@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ampteach import bench, doctor
+from ampteach.tools import bench, doctor
 
 
 def test_report_holds_the_machine_facts():
@@ -36,7 +36,7 @@ def test_dataset_is_found_where_the_loader_looks(monkeypatch, tmp_path):
 
 
 def test_without_ampteach_data_the_doctor_names_the_bundled_split(monkeypatch, tmp_path):
-    from ampteach import data
+    from ampteach.training import data
 
     monkeypatch.delenv("AMPTEACH_DATA", raising=False)
     monkeypatch.setattr(data, "cache_root", lambda: tmp_path / "empty-cache")

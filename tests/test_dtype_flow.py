@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import ampteach
-from ampteach.dtype_flow import FlowStep, plot_dtype_flow, trace_step
+from ampteach.lab.dtype_flow import FlowStep, plot_dtype_flow, trace_step
 
 matplotlib.use("Agg")
 BF16, FP32 = torch.bfloat16, torch.float32

@@ -17,10 +17,10 @@ import nbformat
 import pytest
 import torch
 
-from ampteach import exercises
-from ampteach.checks import CheckFailed
-from ampteach.autograde import course_copy, known_exercises
-from ampteach.grade import format_grade, grade_all
+from ampteach.grading import exercises
+from ampteach.grading.checks import CheckFailed
+from ampteach.grading.autograde import course_copy, known_exercises
+from ampteach.grading.grade import format_grade, grade_all
 
 ROOT = Path(__file__).parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
@@ -35,7 +35,7 @@ GRADED_HERE = [ROOT / "solutions" / f"{name}.ipynb" for name in (
 # --- the generator ---------------------------------------------------------------------------------
 
 def test_exercises_and_grading_copies_are_in_sync_with_solutions():
-    out = subprocess.run([sys.executable, "-m", "ampteach.exercises", "--check"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "ampteach.grading.exercises", "--check"], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -158,7 +158,7 @@ def test_solutions_pass_grading_hidden_checks_included():
 # --- checks that guard against borrowed answers and name common mistakes ---------------------------------
 
 def test_torchs_own_scaler_is_refused_inside_the_build_5_check():
-    from ampteach.checks import check_grad_scaler
+    from ampteach.grading.checks import check_grad_scaler
 
     class Borrowed:
         def __init__(self, *args, **kwargs):
@@ -174,7 +174,7 @@ def test_torchs_own_scaler_is_refused_inside_the_build_5_check():
 
 
 def test_torch_autocast_is_refused_inside_the_build_6_check():
-    from ampteach.checks import check_autocast_mode
+    from ampteach.grading.checks import check_autocast_mode
 
     class Borrowed(torch.overrides.TorchFunctionMode):
         def __init__(self, device_type, dtype):
@@ -189,7 +189,7 @@ def test_torch_autocast_is_refused_inside_the_build_6_check():
 
 
 def test_e6_2a_names_the_half_tensor_left_half_and_the_loss_left_inside_autocast():
-    from ampteach.checks import check_tiny_loss
+    from ampteach.grading.checks import check_tiny_loss
 
     def disabled_only(logits):
         with torch.autocast(logits.device.type, enabled=False):
@@ -205,8 +205,8 @@ def test_e6_2a_names_the_half_tensor_left_half_and_the_loss_left_inside_autocast
 
 
 def test_e6_2b_asks_about_zero_grad_and_about_clipping_before_unscale():
-    from ampteach.checks import check_clipped_step
-    from ampteach.checks.when_amp_is_wrong import _reference_accum_step as step
+    from ampteach.grading.checks import check_clipped_step
+    from ampteach.grading.checks.when_amp_is_wrong import _reference_accum_step as step
 
     check_clipped_step(step)
     with pytest.raises(CheckFailed, match="did you zero_grad"):
@@ -218,8 +218,8 @@ def test_e6_2b_asks_about_zero_grad_and_about_clipping_before_unscale():
 
 
 def test_build_4_feedback_does_not_give_the_answer_away():
-    from ampteach.cast_lists import policy_of
-    from ampteach.checks import CAST_LIST_OPS, CHALLENGE_OPS, check_cast_lists
+    from ampteach.amp.cast_lists import policy_of
+    from ampteach.grading.checks import CAST_LIST_OPS, CHALLENGE_OPS, check_cast_lists
 
     answer = {d: {op: policy_of(op, d) for op in CAST_LIST_OPS + CHALLENGE_OPS} for d in ("cpu", "cuda")}
     answer["cuda"]["sum"] = "fp32"                   # the right family, the wrong list
@@ -227,14 +227,14 @@ def test_build_4_feedback_does_not_give_the_answer_away():
         check_cast_lists(lambda: answer)
     assert "cuda sum" in str(failure.value) and "fp32_set_opt_dtype'" not in str(failure.value)
     with pytest.raises(ValueError, match="reason out"):
-        from ampteach.checks import observe_autocast
+        from ampteach.grading.checks import observe_autocast
         observe_autocast(CHALLENGE_OPS[0], "cpu")
 
 
 def test_the_mx_check_agrees_with_the_course_library_where_it_exists():
-    """The exercise's OCP rule (ampteach.checks.mx_blocks) is written independently of ampteach.mx."""
-    mx = pytest.importorskip("ampteach.mx")
-    from ampteach.checks.mx_blocks import ELEMENTS, mx_cases, ocp_reference
+    """The exercise's OCP rule (ampteach.grading.checks.mx_blocks) is written independently of ampteach.mx."""
+    mx = pytest.importorskip("ampteach.amp.mx")
+    from ampteach.grading.checks.mx_blocks import ELEMENTS, mx_cases, ocp_reference
 
     for name, x in {**mx_cases(), **mx_cases(hidden=True)}.items():
         blocks = x.reshape(*x.shape[:-1], -1, 32)

@@ -23,9 +23,9 @@ import pytest
 import torch
 
 import ampteach
-from ampteach.data import Preloaded
-from ampteach.side_by_side import first_difference
-from ampteach.train import TrainConfig, train
+from ampteach.training.data import Preloaded
+from ampteach.lab.side_by_side import first_difference
+from ampteach.training.train import TrainConfig, train
 
 FAULT_RATE = 0.05
 
@@ -187,8 +187,8 @@ def test_a_resume_without_the_scaler_state_goes_astray(data, tmp_path):
 CHILD = textwrap.dedent("""
     import json, sys, time
     import torch, ampteach
-    from ampteach.data import Preloaded
-    from ampteach.train import TrainConfig
+    from ampteach.training.data import Preloaded
+    from ampteach.training.train import TrainConfig
     path, kill_at, config = sys.argv[1], int(sys.argv[2]), TrainConfig(**json.loads(sys.argv[3]))
     d = ampteach.preload(ampteach.course_split(ampteach.load_fashion_mnist(download=False)))
     data = Preloaded(d.train_x[:640], d.train_y[:640], d.test_x[:256], d.test_y[:256], d.mean, d.std)

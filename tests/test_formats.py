@@ -1,4 +1,4 @@
-"""ampteach.formats against torch, bit for bit: constants, every bit pattern, every tie, 10^6 random values.
+"""ampteach.amp.formats against torch, bit for bit: constants, every bit pattern, every tie, 10^6 random values.
 
 torch is the reference wherever it has the dtype. tf32 has none, so it (and every format a second
 time) is checked against `reference_round`, an independent float64 + NumPy definition of rounding:
@@ -19,7 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ampteach.formats import (
+from ampteach.amp.formats import (
     FORMATS,
     FloatFormat,
     bit_string,

@@ -1,9 +1,9 @@
-"""ampteach.fp8 bit for bit: tensorwise scaling against torch's fp8 casts, an exact reference and torchao;
+"""ampteach.amp.fp8 bit for bit: tensorwise scaling against torch's fp8 casts, an exact reference and torchao;
 delayed scaling against Transformer Engine's rule over sequences with 0, inf, NaN and spikes; Float8Linear's
 three matmuls against their formulas and torchao's Float8Linear(emulate=True); training in fp8.
 
 References are written from the recipes' definitions: NumPy float64/float32 arithmetic for scales,
-ampteach.formats.encode/decode (Python ints, from the bit layout) for fp8 rounding, plain lists for
+ampteach.amp.formats.encode/decode (Python ints, from the bit layout) for fp8 rounding, plain lists for
 the amax history window.
 """
 
@@ -22,8 +22,8 @@ from hypothesis.extra import numpy as hnp
 from torch import nn
 
 from ampteach import TrainConfig, mlp, seed_everything, train
-from ampteach.formats import decode, encode
-from ampteach.fp8 import (DelayedScaling, Float8Linear, MXTensor, convert_to_float8_training, dequantize,
+from ampteach.amp.formats import decode, encode
+from ampteach.amp.fp8 import (DelayedScaling, Float8Linear, MXTensor, convert_to_float8_training, dequantize,
                           mx_dequantize, mx_quantize, quantize_tensorwise)
 
 MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
@@ -360,4 +360,4 @@ def data():
 
 
 def test_mx_names_are_exposed_by_ampteach_fp8():
-    assert MXTensor.__module__ == "ampteach.mx" and callable(mx_quantize) and callable(mx_dequantize)
+    assert MXTensor.__module__ == "ampteach.amp.mx" and callable(mx_quantize) and callable(mx_dequantize)

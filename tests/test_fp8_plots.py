@@ -1,4 +1,4 @@
-"""ampteach.fp8_plots: what lesson 8 measures, on tensors small enough to work out by hand."""
+"""ampteach.lab.fp8_plots: what lesson 8 measures, on tensors small enough to work out by hand."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import torch
 from matplotlib.figure import Figure
 
 from ampteach import mlp
-from ampteach.fp8 import convert_to_float8_training
-from ampteach.fp8_plots import (amax_histories, block_size_errors, cast_losses, current_vs_delayed, linear_tensors,
+from ampteach.amp.fp8 import convert_to_float8_training
+from ampteach.lab.fp8_plots import (amax_histories, block_size_errors, cast_losses, current_vs_delayed, linear_tensors,
                                 plot_amax_history, plot_block_sizes, plot_current_vs_delayed, plot_ranges,
                                 relative_error)
-from ampteach.mx import mx_fake_quantize
+from ampteach.amp.mx import mx_fake_quantize
 
 
 def test_cast_losses_by_hand():

@@ -18,8 +18,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from ampteach.autograde import OUTPUT_PATIENCE, course_copy, plan_cells
-from ampteach.grade import CSV_COLUMNS, RESULTS, CheckResult, Submission, format_grade
+from ampteach.grading.autograde import OUTPUT_PATIENCE, course_copy, plan_cells
+from ampteach.grading.grade import CSV_COLUMNS, RESULTS, CheckResult, Submission, format_grade
 
 ROOT = Path(__file__).parents[1]
 EXERCISE = "build_2_loss_scale_update"
@@ -74,7 +74,7 @@ def submissions(folder: Path) -> dict[str, str]:
     write("deletes", nb, "the check cell deleted")
 
     nb = exercise()
-    answer_cell(nb).source += ("\n\nimport ampteach.checks.loss_scale_update as module\n"
+    answer_cell(nb).source += ("\n\nimport ampteach.grading.checks.loss_scale_update as module\n"
                                "module.check_loss_scale_update = lambda f: None\n"
                                "get_ipython().set_custom_exc((Exception,), lambda *args, **kwargs: None)")
     write("patches", nb, "monkeypatches the check and silences the kernel's errors")
@@ -215,6 +215,6 @@ def test_notebook_cells_wait_patiently_for_output_on_a_busy_machine():
         def pytest_collection_finish(self, session):
             seen.extend(getattr(item, "output_timeout", None) for item in session.items)
 
-    args = [str(ROOT / "solutions" / f"{EXERCISE}.ipynb"), "--collect-only", "-q", "-p", "ampteach.autograde"]
+    args = [str(ROOT / "solutions" / f"{EXERCISE}.ipynb"), "--collect-only", "-q", "-p", "ampteach.grading.autograde"]
     assert pytest.main(args, plugins=[Probe()]) == 0
     assert seen and set(seen) == {OUTPUT_PATIENCE}

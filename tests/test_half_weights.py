@@ -17,13 +17,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import ampteach
-from ampteach.data import Preloaded
-from ampteach.half_weights import HalfWeights
-from ampteach.kahan import kahan_add_
-from ampteach.lost_updates import sgd_trace
-from ampteach.master import to_half
-from ampteach.memory import memory_breakdown
-from ampteach.train import TrainConfig, train
+from ampteach.training.data import Preloaded
+from ampteach.amp.half_weights import HalfWeights
+from ampteach.amp.kahan import kahan_add_
+from ampteach.lab.lost_updates import sgd_trace
+from ampteach.amp.master import to_half
+from ampteach.lab.memory import memory_breakdown
+from ampteach.training.train import TrainConfig, train
 
 
 ROUNDINGS_AND_MASTER = ("plain", "master", "nearest", "kahan", "stochastic")

@@ -83,7 +83,7 @@ def test_bench_runs_from_any_directory(installed, elsewhere):
 
 def test_the_results_tables_ship_with_the_package(installed, elsewhere):
     bin_dir, env = installed
-    code = "from ampteach.bench import load_results; print(sorted(r['device']['name'] for r in load_results()))"
+    code = "from ampteach.tools.bench import load_results; print(sorted(r['device']['name'] for r in load_results()))"
     out = run([str(bin_dir / "python"), "-c", code], elsewhere, env)
     assert out.returncode == 0, out.stderr
     in_source = sorted(json.loads(p.read_text())["device"]["name"] for p in (ROOT / "ampteach" / "results").glob("*.json"))

@@ -1,4 +1,4 @@
-"""ampteach.kahan against exact arithmetic: w + c keeps every update, up to the rounding of c + u alone.
+"""ampteach.amp.kahan against exact arithmetic: w + c keeps every update, up to the rounding of c + u alone.
 
 Exact sums are Fractions (every bf16 and fp32 number is a rational). The claim tested step by step:
 (w + c) after = (w + c) before + u + e, where e = round(c + u) - (c + u) is the only rounding error,
@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ampteach.kahan import kahan_add_
+from ampteach.amp.kahan import kahan_add_
 
 
 def exact(t: torch.Tensor) -> list[Fraction]:

@@ -1,4 +1,4 @@
-"""ampteach.lost_updates against the rounding rule worked out exactly: lost iff |u| < half the gap, or a tie to even."""
+"""ampteach.lab.lost_updates against the rounding rule worked out exactly: lost iff |u| < half the gap, or a tie to even."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from ampteach.lost_updates import LostUpdates, loss_thresholds, lost_fraction, plot_loss_gap, plot_lost_fraction
+from ampteach.lab.lost_updates import LostUpdates, loss_thresholds, lost_fraction, plot_loss_gap, plot_lost_fraction
 
 MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7}
 

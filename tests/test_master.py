@@ -1,4 +1,4 @@
-"""ampteach.master against PyTorch's own arithmetic: to_half, MasterWeights, the O2 step, checkpoints."""
+"""ampteach.amp.master against PyTorch's own arithmetic: to_half, MasterWeights, the O2 step, checkpoints."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from hypothesis import given, settings, strategies as st
 from torch import nn
 
 import ampteach
-from ampteach.data import Preloaded
-from ampteach.master import MasterWeights, to_half
-from ampteach.train import TrainConfig, train, train_step
+from ampteach.training.data import Preloaded
+from ampteach.amp.master import MasterWeights, to_half
+from ampteach.training.train import TrainConfig, train, train_step
 
 O2 = TrainConfig(precision="fp16", recipe="master")  # train_step's scaler is passed in: any impl
 SCALERS = {

@@ -1,4 +1,4 @@
-"""ampteach.memory against byte counts worked out by hand from shapes and dtype sizes."""
+"""ampteach.lab.memory against byte counts worked out by hand from shapes and dtype sizes."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 import ampteach
-from ampteach.master import MasterWeights, to_half
-from ampteach.memory import (CATEGORIES, PeakMemory, measure_peak, measure_step, memory_breakdown, memory_table,
+from ampteach.amp.master import MasterWeights, to_half
+from ampteach.lab.memory import (CATEGORIES, PeakMemory, measure_peak, measure_step, memory_breakdown, memory_table,
                              plot_memory)
-from ampteach.train import TrainConfig, prepare, train_step
+from ampteach.training.train import TrainConfig, prepare, train_step
 
 FP32, FP16, INT64 = (torch.empty(0, dtype=d).element_size() for d in (torch.float32, torch.float16, torch.int64))
 HIDDEN = 32
@@ -150,7 +150,7 @@ def test_memory_table_prints_bytes_per_parameter_and_the_optional_columns():
     assert lines[0].split() == [*CATEGORIES, "total"]
     per = breakdowns["O2"].per_param
     assert lines[2].split() == ["O2", *(f"{per[c]:.2f}" for c in CATEGORIES), f"{sum(per.values()):.2f}"]
-    steps = {"fp32": ampteach.memory.StepMemory(saved=800), "O2": ampteach.memory.StepMemory(800, 0, 3 * 2**20)}
+    steps = {"fp32": ampteach.lab.memory.StepMemory(saved=800), "O2": ampteach.lab.memory.StepMemory(800, 0, 3 * 2**20)}
     lines = memory_table(breakdowns, steps, batch_size=8).splitlines()
     assert lines[0].split()[-4:] == ["saved/sample", "CUDA", "peak", "MiB"]
     assert lines[1].split()[-2:] == ["100", "-"] and lines[2].split()[-2:] == ["100", "3.0"]

@@ -1,4 +1,4 @@
-"""ampteach.mx against the OCP MX v1.0 rules, bit for bit: hand vectors, an exact reference, and torchao.
+"""ampteach.amp.mx against the OCP MX v1.0 rules, bit for bit: hand vectors, an exact reference, and torchao.
 
 The reference below is written from the definitions, not from ampteach.mx: an element format's grid
 comes from its bit fields (exact Fractions), rounding picks the nearest grid value with ties to the
@@ -18,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ampteach.mx import ELEMENT_FORMATS, MXTensor, mx_dequantize, mx_fake_quantize, mx_quantize, round_to_element
+from ampteach.amp.mx import ELEMENT_FORMATS, MXTensor, mx_dequantize, mx_fake_quantize, mx_quantize, round_to_element
 
 FORMATS = list(ELEMENT_FORMATS)
 ROUNDINGS = ("floor", "rceil")

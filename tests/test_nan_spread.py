@@ -1,4 +1,4 @@
-"""ampteach.nan_spread: one NaN in one gradient, followed step by step; guarded runs stay finite."""
+"""ampteach.lab.nan_spread: one NaN in one gradient, followed step by step; guarded runs stay finite."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import ampteach
-from ampteach.data import Preloaded
-from ampteach.nan_spread import non_finite_fraction, plot_nan_spread, poison_gradient, trace_nan_spread
-from ampteach.train import TrainConfig
+from ampteach.training.data import Preloaded
+from ampteach.lab.nan_spread import non_finite_fraction, plot_nan_spread, poison_gradient, trace_nan_spread
+from ampteach.training.train import TrainConfig
 
 
 @pytest.fixture(scope="module")

@@ -63,7 +63,7 @@ def test_pyproject_core_dependencies_are_the_short_list():
     names = {split_requirement(s)[0] for s in project["dependencies"]}
     assert names == {"torch", "jupyterlab", "matplotlib", "ipywidgets", "nbval", "tqdm", "numpy"}
     assert project["requires-python"] == ">=3.10"
-    assert project["scripts"]["ampteach"] == "ampteach.cli:main"
+    assert project["scripts"]["ampteach"] == "ampteach.tools.cli:main"
 
 
 def readme_quickstart_commands() -> list[str]:
@@ -109,10 +109,10 @@ def test_empty_top_level_folders_say_what_lives_there():
 
 
 def test_names_shared_with_their_module_stay_the_function_or_class():
-    import ampteach.autocast  # noqa: F401  (importing a submodule must not shadow the name)
-    import ampteach.train  # noqa: F401
+    import ampteach.amp.autocast  # noqa: F401  (importing a submodule must not shadow the name)
+    import ampteach.training.train  # noqa: F401
 
     from ampteach import autocast, train
 
-    assert callable(train) and train.__module__ == "ampteach.train"
-    assert isinstance(autocast, type) and autocast.__module__ == "ampteach.autocast"
+    assert callable(train) and train.__module__ == "ampteach.training.train"
+    assert isinstance(autocast, type) and autocast.__module__ == "ampteach.amp.autocast"

@@ -1,4 +1,4 @@
-"""ampteach.plots: each figure draws what the formats (and torch) say, and keeps its labels and legend in view."""
+"""ampteach.lab.plots: each figure draws what the formats (and torch) say, and keeps its labels and legend in view."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import torch
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ampteach.formats import FORMATS, ulp  # noqa: E402
-from ampteach.plots import (FIELD_COLORS, _smooth, course_style, figure_png, plot_bit_layouts, plot_number_line, plot_runs,  # noqa: E402
+from ampteach.amp.formats import FORMATS, ulp  # noqa: E402
+from ampteach.lab.plots import (FIELD_COLORS, _smooth, course_style, figure_png, plot_bit_layouts, plot_number_line, plot_runs,  # noqa: E402
                             plot_scales, plot_spacing, plot_ties)
-from ampteach.train import History, TrainConfig  # noqa: E402
-from ampteach.underflow import plot_gradient_histogram  # noqa: E402
+from ampteach.training.train import History, TrainConfig  # noqa: E402
+from ampteach.lab.underflow import plot_gradient_histogram  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -13,9 +13,9 @@ import math
 import pytest
 import torch
 
-from ampteach.data import course_split, load_fashion_mnist, preload
-from ampteach.models import cnn, mlp
-from ampteach.reference import (
+from ampteach.training.data import course_split, load_fashion_mnist, preload
+from ampteach.training.models import cnn, mlp
+from ampteach.lab.compare_torch import (
     OP_CASES,
     _max_diff,
     agreement_rows,

@@ -12,7 +12,7 @@ import matplotlib
 import pytest
 import torch
 
-from ampteach import roofline
+from ampteach.lab import roofline
 
 matplotlib.use("Agg")
 ROW_KEYS = {"op", "dtype", "size", "gflops", "intensity", "seconds"}

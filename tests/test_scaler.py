@@ -21,7 +21,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from ampteach.scaler import FLOAT32_MAX, GradScaler, OptState, StaticLossScaler, next_scale, update_scale_
+from ampteach.amp.scaler import FLOAT32_MAX, GradScaler, OptState, StaticLossScaler, next_scale, update_scale_
 
 INF, NAN = math.inf, math.nan
 BAD_VALUES = (INF, -INF, NAN)

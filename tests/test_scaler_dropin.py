@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from ampteach.scaler import BUCKET_NUMEL, FLOAT32_MAX, GradScaler, non_finite_check_and_unscale_
+from ampteach.amp.scaler import BUCKET_NUMEL, FLOAT32_MAX, GradScaler, non_finite_check_and_unscale_
 from test_scaler import one_thread  # noqa: F401 (autouse: tiny tensors run faster on one intra-op thread)
 
 INF, NAN = math.inf, math.nan
@@ -216,7 +216,7 @@ def test_100k_updates_hold_a_bounded_number_of_tensors_and_keep_every_scale():
 
 MEASURE_PEAK = textwrap.dedent("""
     import json, resource, sys, torch
-    from ampteach.scaler import GradScaler
+    from ampteach.amp.scaler import GradScaler
     impl, n_tensors, numel = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     torch.set_num_threads(1)
     params = [torch.nn.Parameter(torch.empty(numel)) for _ in range(n_tensors)]   # never touched: not resident

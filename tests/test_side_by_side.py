@@ -1,4 +1,4 @@
-"""ampteach.side_by_side: the pairs the lessons run, one starting model, and bit-for-bit comparison."""
+"""ampteach.lab.side_by_side: the pairs the lessons run, one starting model, and bit-for-bit comparison."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import torch
 
 import ampteach
-from ampteach.side_by_side import CUSTOM_FUNCTIONS, IMPLEMENTATIONS, first_difference, fresh_mlp, same_state, same_weights
+from ampteach.lab.side_by_side import CUSTOM_FUNCTIONS, IMPLEMENTATIONS, first_difference, fresh_mlp, same_state, same_weights
 
 
 def test_the_pairs_are_torchs_and_ampteachs():

@@ -15,10 +15,10 @@ import nbformat
 import pytest
 from site_checks import ROOT, SPHINX_NOTICES, broken_cells, built_site, cell_figures, html_pages, page_of
 
-from ampteach import cli
+from ampteach.tools import cli
 
 pytestmark = SPHINX_NOTICES
-site = pytest.importorskip("ampteach.site")
+site = pytest.importorskip("ampteach.tools.website")
 pytest.importorskip("myst_nb", reason='the site tools are not installed: pip install -e ".[site]"')
 
 LESSONS = sorted(p.relative_to(ROOT) for p in (ROOT / "notebooks").glob("*.ipynb"))

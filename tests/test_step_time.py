@@ -1,4 +1,4 @@
-"""ampteach.step_time: the width sweep's rows, the profiler breakdown's categories, and Amdahl's law (tiny models)."""
+"""ampteach.lab.step_time: the width sweep's rows, the profiler breakdown's categories, and Amdahl's law (tiny models)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import matplotlib
 import pytest
 import torch
 
-from ampteach import mlp, step_time
-from ampteach.data import Preloaded
+from ampteach import mlp
+from ampteach.lab import step_time
+from ampteach.training.data import Preloaded
 
 matplotlib.use("Agg")
 

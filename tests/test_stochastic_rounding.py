@@ -1,4 +1,4 @@
-"""ampteach.stochastic_rounding against exact arithmetic: always a neighbour, and unbiased.
+"""ampteach.amp.stochastic_rounding against exact arithmetic: always a neighbour, and unbiased.
 
 Unbiased is checked two ways: exactly, by feeding round_with_noise every one of the 2^16 noise
 values (their mean must be x as a rational number), and statistically, through the public
@@ -12,7 +12,7 @@ from fractions import Fraction
 
 import pytest
 import torch
-from ampteach.stochastic_rounding import round_stochastic, round_with_noise
+from ampteach.amp.stochastic_rounding import round_stochastic, round_with_noise
 
 ALL_NOISE = torch.arange(1 << 16, dtype=torch.int32)
 BF16_MAX = torch.finfo(torch.bfloat16).max

@@ -27,7 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ampteach
-from ampteach.reference import torch_autocast
+from ampteach.lab.compare_torch import torch_autocast
 
 pytestmark = [   # torch's own cases include deprecated ops
     pytest.mark.filterwarnings("ignore:torch.chain_matmul is deprecated:UserWarning"),
@@ -59,7 +59,7 @@ def load_torch_lists() -> types.ModuleType:
 
 
 LISTS = load_torch_lists()
-AUTOCAST = sys.modules["ampteach.autocast"]   # the module (ampteach.autocast is the class)
+AUTOCAST = sys.modules["ampteach.amp.autocast"]   # the module (ampteach.autocast is the class)
 
 
 def region(impl: str, device: str = "cpu", dtype: torch.dtype | None = None, enabled: bool = True, **kwargs):
@@ -141,7 +141,7 @@ AMP_DTYPE = torch.get_autocast_dtype("cpu")
 
 def cpu_runs() -> dict[str, tuple]:
     """test id -> (list, one call of _run_autocast_outofplace as kwargs, whether the op is on ampteach's lists)."""
-    from ampteach.cast_lists import policy_of
+    from ampteach.amp.cast_lists import policy_of
 
     runs = {}
 

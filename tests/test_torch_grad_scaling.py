@@ -33,7 +33,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import ampteach.scaler
+import ampteach.amp.scaler
 
 IMPLS = {
     "torch": SimpleNamespace(
@@ -42,9 +42,9 @@ IMPLS = {
         update_scale_=torch._amp_update_scale_,
     ),
     "ampteach": SimpleNamespace(
-        GradScaler=ampteach.scaler.GradScaler, module=ampteach.scaler,
-        non_finite_check_and_unscale_=ampteach.scaler.non_finite_check_and_unscale_,
-        update_scale_=ampteach.scaler.update_scale_,
+        GradScaler=ampteach.amp.scaler.GradScaler, module=ampteach.scaler,
+        non_finite_check_and_unscale_=ampteach.amp.scaler.non_finite_check_and_unscale_,
+        update_scale_=ampteach.amp.scaler.update_scale_,
     ),
 }
 CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 import ampteach
-from ampteach.data import Preloaded
-from ampteach.master import MasterWeights, to_half
-from ampteach.train import TrainConfig, evaluate, train
+from ampteach.training.data import Preloaded
+from ampteach.amp.master import MasterWeights, to_half
+from ampteach.training.train import TrainConfig, evaluate, train
 
 BATCH = 64
 

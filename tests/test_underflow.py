@@ -1,4 +1,4 @@
-"""ampteach.underflow: gradient collection against a hand-written backward, zones against the format's definition."""
+"""ampteach.lab.underflow: gradient collection against a hand-written backward, zones against the format's definition."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from ampteach.formats import FORMATS
-from ampteach.underflow import (ZONES, ShrinkGradients, collect_gradients, plot_gradient_histogram, store, zone_counts,
+from ampteach.amp.formats import FORMATS
+from ampteach.lab.underflow import (ZONES, ShrinkGradients, collect_gradients, plot_gradient_histogram, store, zone_counts,
                                 zone_edges, zone_fractions)
 
 matplotlib.use("Agg")

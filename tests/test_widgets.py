@@ -1,4 +1,4 @@
-"""ampteach.widgets: driving each widget from code changes what it shows, and what it shows is what torch stores."""
+"""ampteach.lab.widgets: driving each widget from code changes what it shows, and what it shows is what torch stores."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ampteach.formats import FORMATS  # noqa: E402
-from ampteach.widgets import BitExplorer, FigureSlider, ValueExplorer, stored_everywhere  # noqa: E402
+from ampteach.amp.formats import FORMATS  # noqa: E402
+from ampteach.lab.widgets import BitExplorer, FigureSlider, ValueExplorer, stored_everywhere  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -1,0 +1,8 @@
+"""The torch.amp rebuild: what a learner swaps for torch's, one concept per module. Imports torch only.
+
+    from ampteach.amp import GradScaler, autocast       # drop-ins for torch.amp.GradScaler, torch.autocast
+
+formats (float formats and rounding), scaler (GradScaler), master (fp32 master weights), half_weights,
+kahan and stochastic_rounding (pure half-precision weights), cast_lists and autocast (the cast policy,
+registered in the dispatcher), fp8 and mx (scaled 8-bit and microscaling formats).
+"""
