@@ -5,25 +5,30 @@
     with ampteach.autocast("cpu", dtype=torch.bfloat16):   # drop-in for torch.autocast
         loss = model(x).float().pow(2).mean()
 
-The imports below are a map of the library: each name comes from the module (and lesson) that
-teaches it. Tools that are not part of the training API live in their own modules and are imported
-where used: ampteach.bench, .checks, .grade, .autograde, .exercises, .scale_logs, .doctor, .reference,
-.distributed, .cli.
+The imports below are the public surface, each name from the module (and lesson) that teaches it.
+The package itself has five layers (ampteach/README.md): amp (the torch.amp rebuild), training, lab,
+grading and tools; import from those for everything else, e.g. ampteach.grading.checks,
+ampteach.tools.doctor, ampteach.lab.compare_torch.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
+# The imports below keep lesson order, not alphabetical order.
+# ruff: noqa: I001
+
 # foundation: data, models, one training loop for every precision
-from ampteach.training.data import DataFileError, DatasetNotFoundError, FashionMNIST, course_split, load_fashion_mnist, preload
+from ampteach.training.data import (DataFileError, DatasetNotFoundError, FashionMNIST, course_split,
+                                    load_fashion_mnist, preload)
 from ampteach.training.models import cnn, mlp
 from ampteach.training.seeding import seed_everything
-from ampteach.training.train import History, TrainConfig, evaluate, train
+from ampteach.training.config import History, TrainConfig
+from ampteach.training.train import evaluate, train
 
 # lesson 1: float formats
-from ampteach.amp.formats import (FORMATS, FloatFormat, bit_string, decode, encode, format_table, grid_near, like_torch,
-                      round_to_bf16, round_to_format, ulp)
+from ampteach.amp.formats import (FORMATS, FloatFormat, bit_string, decode, encode, format_table, grid_near,
+                                  like_torch, round_to_bf16, round_to_format, ulp)
 
 # lesson 2: underflow and loss scaling
 from ampteach.amp.scaler import GradScaler, OptState, StaticLossScaler
@@ -40,7 +45,7 @@ from ampteach.amp.stochastic_rounding import round_stochastic
 from ampteach.amp.autocast import autocast, custom_bwd, custom_fwd
 
 # lessons 5 and 6: recipes and checkpoints; debugging and scale-out (their helpers, imported where used:
-# ampteach.accumulation, .clipping, .nan_spread, .side_by_side, .distributed)
+# ampteach.lab.grad_accumulation, .clipping, .nan_spread, .side_by_side, .distributed)
 from ampteach.training.checkpoint import load_checkpoint, save_checkpoint
 
 # lesson 7: when mixed precision pays off
@@ -51,9 +56,10 @@ from ampteach.lab.step_time import amdahl, profile_step, width_sweep
 from ampteach.amp.fp8 import DelayedScaling, Float8Linear, convert_to_float8_training, quantize_tensorwise
 from ampteach.amp.mx import MXTensor, mx_dequantize, mx_quantize
 
+# old module paths (ampteach.checks, ...) still import, with a warning
 from ampteach import _moved
 
-_moved.install()  # old module paths (ampteach.checks, ...) still import, with a warning
+_moved.install()
 
 __all__ = [
     "DataFileError", "DatasetNotFoundError", "FashionMNIST", "course_split", "load_fashion_mnist", "preload",

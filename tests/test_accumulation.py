@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import ampteach
-from ampteach.lab.grad_accumulation import accumulation_step, plot_accumulation_windows, windows_from_events
 from ampteach.lab.distributed import AllReduceCount, count_all_reduces
+from ampteach.lab.grad_accumulation import accumulation_step, plot_accumulation_windows, windows_from_events
 
 N = 4
 GEN = torch.Generator().manual_seed(0)

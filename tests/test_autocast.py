@@ -37,9 +37,9 @@ from ampteach.amp.autocast import (
     installed,
     uninstall,
 )
+from ampteach.lab.compare_torch import OP_CASES, dispatch_trace, fake_cuda, op_agreement, torch_autocast
 from ampteach.training.data import course_split, load_fashion_mnist, preload
 from ampteach.training.models import cnn, mlp
-from ampteach.lab.compare_torch import OP_CASES, dispatch_trace, fake_cuda, op_agreement, torch_autocast
 from ampteach.training.train import autocast_for
 
 BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 import ampteach
-from ampteach.training.checkpoint import FORMAT, load_checkpoint, save_checkpoint
 from ampteach.amp.master import MasterWeights, to_half
+from ampteach.training.checkpoint import FORMAT, load_checkpoint, save_checkpoint
 from ampteach.training.train import History, TrainConfig, train
 
 X = torch.randn(32, 1, 28, 28, generator=torch.Generator().manual_seed(0))

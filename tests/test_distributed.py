@@ -1,7 +1,7 @@
 """ampteach.lab.distributed: the real 2-process DDP job on the CPU (gloo), and its pieces in-process.
 
 The job is launched exactly as a learner launches it, `python -m torch.distributed.run
---nproc_per_node 2 -m ampteach.distributed --device cpu ...`, on a free localhost port (no network).
+--nproc_per_node 2 -m ampteach.lab.distributed --device cpu ...`, on a free localhost port (no network).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import ampteach
-from ampteach.training.data import Preloaded
 from ampteach.lab.distributed import checksum, launch, parse_args, parse_output, shard_batches
+from ampteach.training.data import Preloaded
 
 STEPS, INJECT_AT, INJECT_RANK = 6, 3, 1
 
@@ -132,7 +132,7 @@ def test_checksum_sees_a_change_of_one_ulp_in_one_weight():
 def test_the_module_says_how_to_launch_it_when_run_alone(monkeypatch, capsys):
     for name in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(SystemExit, match="torch.distributed.run --nproc_per_node 2 -m ampteach.distributed"):
+    with pytest.raises(SystemExit, match="torch.distributed.run --nproc_per_node 2 -m ampteach.lab.distributed"):
         ampteach.lab.distributed.main(["--steps", "1"])
     with pytest.raises(SystemExit):
         parse_args(["--steps", "0"])

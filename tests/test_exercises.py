@@ -10,16 +10,16 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import nbformat
 import pytest
+import tomllib
 import torch
 
 from ampteach.grading import exercises
-from ampteach.grading.checks import CheckFailed
 from ampteach.grading.autograde import course_copy, known_exercises
+from ampteach.grading.checks import CheckFailed
 from ampteach.grading.grade import format_grade, grade_all
 
 ROOT = Path(__file__).parents[1]
@@ -232,7 +232,7 @@ def test_build_4_feedback_does_not_give_the_answer_away():
 
 
 def test_the_mx_check_agrees_with_the_course_library_where_it_exists():
-    """The exercise's OCP rule (ampteach.grading.checks.mx_blocks) is written independently of ampteach.mx."""
+    """The exercise's OCP rule (ampteach.grading.checks.mx_blocks) is written independently of ampteach.amp.mx."""
     mx = pytest.importorskip("ampteach.amp.mx")
     from ampteach.grading.checks.mx_blocks import ELEMENTS, mx_cases, ocp_reference
 

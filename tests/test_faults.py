@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import ampteach
-from ampteach.training.data import Preloaded
 from ampteach.lab.side_by_side import first_difference
+from ampteach.training.data import Preloaded
 from ampteach.training.train import TrainConfig, train
 
 FAULT_RATE = 0.05

@@ -23,8 +23,16 @@ from torch import nn
 
 from ampteach import TrainConfig, mlp, seed_everything, train
 from ampteach.amp.formats import decode, encode
-from ampteach.amp.fp8 import (DelayedScaling, Float8Linear, MXTensor, convert_to_float8_training, dequantize,
-                          mx_dequantize, mx_quantize, quantize_tensorwise)
+from ampteach.amp.fp8 import (
+    DelayedScaling,
+    Float8Linear,
+    MXTensor,
+    convert_to_float8_training,
+    dequantize,
+    mx_dequantize,
+    mx_quantize,
+    quantize_tensorwise,
+)
 
 MAX = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
 DTYPE = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}

@@ -12,10 +12,19 @@ from matplotlib.figure import Figure
 
 from ampteach import mlp
 from ampteach.amp.fp8 import convert_to_float8_training
-from ampteach.lab.fp8_plots import (amax_histories, block_size_errors, cast_losses, current_vs_delayed, linear_tensors,
-                                plot_amax_history, plot_block_sizes, plot_current_vs_delayed, plot_ranges,
-                                relative_error)
 from ampteach.amp.mx import mx_fake_quantize
+from ampteach.lab.fp8_plots import (
+    amax_histories,
+    block_size_errors,
+    cast_losses,
+    current_vs_delayed,
+    linear_tensors,
+    plot_amax_history,
+    plot_block_sizes,
+    plot_current_vs_delayed,
+    plot_ranges,
+    relative_error,
+)
 
 
 def test_cast_losses_by_hand():

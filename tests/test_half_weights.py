@@ -17,14 +17,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import ampteach
-from ampteach.training.data import Preloaded
 from ampteach.amp.half_weights import HalfWeights
 from ampteach.amp.kahan import kahan_add_
-from ampteach.lab.lost_updates import sgd_trace
 from ampteach.amp.master import to_half
+from ampteach.lab.lost_updates import sgd_trace
 from ampteach.lab.memory import memory_breakdown
+from ampteach.training.data import Preloaded
 from ampteach.training.train import TrainConfig, train
-
 
 ROUNDINGS_AND_MASTER = ("plain", "master", "nearest", "kahan", "stochastic")
 

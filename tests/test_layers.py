@@ -147,7 +147,7 @@ def test_no_module_longer_than_a_sitting(name):
 def test_the_layout_is_written_down():
     readme = (PACKAGE / "README.md").read_text()
     for layer in LAYERS:
-        assert f"ampteach/{layer}/" in readme, f"ampteach/README.md does not describe ampteach/{layer}/"
+        assert f"\n  {layer}/" in readme, f"ampteach/README.md's tree does not describe ampteach/{layer}/"
         doc = ast.get_docstring(ast.parse((PACKAGE / layer / "__init__.py").read_text()))
         assert doc, f"ampteach/{layer}/__init__.py has no docstring saying what lives there"
 

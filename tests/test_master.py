@@ -7,12 +7,13 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import ampteach
-from ampteach.training.data import Preloaded
 from ampteach.amp.master import MasterWeights, to_half
+from ampteach.training.data import Preloaded
 from ampteach.training.train import TrainConfig, train, train_step
 
 O2 = TrainConfig(precision="fp16", recipe="master")  # train_step's scaler is passed in: any impl

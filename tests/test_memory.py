@@ -7,9 +7,15 @@ import torch
 from torch import nn
 
 import ampteach
-from ampteach.amp.master import MasterWeights, to_half
-from ampteach.lab.memory import (CATEGORIES, PeakMemory, measure_peak, measure_step, memory_breakdown, memory_table,
-                             plot_memory)
+from ampteach.lab.memory import (
+    CATEGORIES,
+    PeakMemory,
+    measure_peak,
+    measure_step,
+    memory_breakdown,
+    memory_table,
+    plot_memory,
+)
 from ampteach.training.train import TrainConfig, prepare, train_step
 
 FP32, FP16, INT64 = (torch.empty(0, dtype=d).element_size() for d in (torch.float32, torch.float16, torch.int64))

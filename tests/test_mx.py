@@ -1,6 +1,6 @@
 """ampteach.amp.mx against the OCP MX v1.0 rules, bit for bit: hand vectors, an exact reference, and torchao.
 
-The reference below is written from the definitions, not from ampteach.mx: an element format's grid
+The reference below is written from the definitions, not from ampteach.amp.mx: an element format's grid
 comes from its bit fields (exact Fractions), rounding picks the nearest grid value with ties to the
 even bit pattern, the "floor" exponent is found by comparing amax with powers of two, and the
 "rceil" exponent from NumPy's float32 product amax * float32(1 / max) the same way. torch's own fp8

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import ampteach
-from ampteach.training.data import Preloaded
 from ampteach.lab.nan_spread import non_finite_fraction, plot_nan_spread, poison_gradient, trace_nan_spread
+from ampteach.training.data import Preloaded
 from ampteach.training.train import TrainConfig
 
 

@@ -111,7 +111,6 @@ def test_empty_top_level_folders_say_what_lives_there():
 def test_names_shared_with_their_module_stay_the_function_or_class():
     import ampteach.amp.autocast  # noqa: F401  (importing a submodule must not shadow the name)
     import ampteach.training.train  # noqa: F401
-
     from ampteach import autocast, train
 
     assert callable(train) and train.__module__ == "ampteach.training.train"

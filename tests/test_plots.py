@@ -13,10 +13,20 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ampteach.amp.formats import FORMATS, ulp  # noqa: E402
-from ampteach.lab.plots import (FIELD_COLORS, _smooth, course_style, figure_png, plot_bit_layouts, plot_number_line, plot_runs,  # noqa: E402
-                            plot_scales, plot_spacing, plot_ties)
-from ampteach.training.train import History, TrainConfig  # noqa: E402
+from ampteach.lab.plots import (  # noqa: E402
+    FIELD_COLORS,
+    _smooth,
+    course_style,
+    figure_png,
+    plot_bit_layouts,
+    plot_number_line,
+    plot_runs,
+    plot_scales,
+    plot_spacing,
+    plot_ties,
+)
 from ampteach.lab.underflow import plot_gradient_histogram  # noqa: E402
+from ampteach.training.train import History, TrainConfig  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -13,8 +13,6 @@ import math
 import pytest
 import torch
 
-from ampteach.training.data import course_split, load_fashion_mnist, preload
-from ampteach.training.models import cnn, mlp
 from ampteach.lab.compare_torch import (
     OP_CASES,
     _max_diff,
@@ -25,6 +23,8 @@ from ampteach.lab.compare_torch import (
     op_agreement,
     torch_autocast,
 )
+from ampteach.training.data import course_split, load_fashion_mnist, preload
+from ampteach.training.models import cnn, mlp
 
 
 @pytest.fixture(scope="module")

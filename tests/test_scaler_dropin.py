@@ -20,10 +20,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_scaler import one_thread  # noqa: F401 (autouse: tiny tensors run faster on one intra-op thread)
 from torch import nn
 
 from ampteach.amp.scaler import BUCKET_NUMEL, FLOAT32_MAX, GradScaler, non_finite_check_and_unscale_
-from test_scaler import one_thread  # noqa: F401 (autouse: tiny tensors run faster on one intra-op thread)
 
 INF, NAN = math.inf, math.nan
 

@@ -7,7 +7,14 @@ import math
 import torch
 
 import ampteach
-from ampteach.lab.side_by_side import CUSTOM_FUNCTIONS, IMPLEMENTATIONS, first_difference, fresh_mlp, same_state, same_weights
+from ampteach.lab.side_by_side import (
+    CUSTOM_FUNCTIONS,
+    IMPLEMENTATIONS,
+    first_difference,
+    fresh_mlp,
+    same_state,
+    same_weights,
+)
 
 
 def test_the_pairs_are_torchs_and_ampteachs():

@@ -12,6 +12,7 @@ from fractions import Fraction
 
 import pytest
 import torch
+
 from ampteach.amp.stochastic_rounding import round_stochastic, round_with_noise
 
 ALL_NOISE = torch.arange(1 << 16, dtype=torch.int32)

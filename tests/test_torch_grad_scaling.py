@@ -42,7 +42,7 @@ IMPLS = {
         update_scale_=torch._amp_update_scale_,
     ),
     "ampteach": SimpleNamespace(
-        GradScaler=ampteach.amp.scaler.GradScaler, module=ampteach.scaler,
+        GradScaler=ampteach.amp.scaler.GradScaler, module=ampteach.amp.scaler,
         non_finite_check_and_unscale_=ampteach.amp.scaler.non_finite_check_and_unscale_,
         update_scale_=ampteach.amp.scaler.update_scale_,
     ),

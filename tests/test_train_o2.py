@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import ampteach
-from ampteach.training.data import Preloaded
 from ampteach.amp.master import MasterWeights, to_half
+from ampteach.training.data import Preloaded
 from ampteach.training.train import TrainConfig, evaluate, train
 
 BATCH = 64

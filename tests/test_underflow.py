@@ -12,8 +12,16 @@ from hypothesis import strategies as st
 from torch import nn
 
 from ampteach.amp.formats import FORMATS
-from ampteach.lab.underflow import (ZONES, ShrinkGradients, collect_gradients, plot_gradient_histogram, store, zone_counts,
-                                zone_edges, zone_fractions)
+from ampteach.lab.underflow import (
+    ZONES,
+    ShrinkGradients,
+    collect_gradients,
+    plot_gradient_histogram,
+    store,
+    zone_counts,
+    zone_edges,
+    zone_fractions,
+)
 
 matplotlib.use("Agg")
 FP16 = FORMATS["fp16"]

@@ -6,3 +6,9 @@ formats (float formats and rounding), scaler (GradScaler), master (fp32 master w
 kahan and stochastic_rounding (pure half-precision weights), cast_lists and autocast (the cast policy,
 registered in the dispatcher), fp8 and mx (scaled 8-bit and microscaling formats).
 """
+
+from ampteach.amp.autocast import autocast, custom_bwd, custom_fwd
+from ampteach.amp.master import MasterWeights, to_half
+from ampteach.amp.scaler import GradScaler
+
+__all__ = ["GradScaler", "MasterWeights", "autocast", "custom_bwd", "custom_fwd", "to_half"]

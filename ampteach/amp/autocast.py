@@ -17,7 +17,7 @@ How. Every tensor carries its device's Autocast dispatch key, which torch keeps 
 thread; an autocast region switches it on. Then each op call meets the key first, above autograd:
 an op with a kernel there has its inputs cast and is called again below the key (so autograd
 records the casts: backward casts each gradient back); an op without one falls through unchanged.
-ampteach registers its own Python kernel for every op in ampteach.cast_lists at AutocastCPU and
+ampteach registers its own Python kernel for every op in ampteach.amp.cast_lists at AutocastCPU and
 AutocastCUDA (torch.library), in place of torch's C++ kernels, and sets torch's autocast state
 (enabled, dtype, cache_enabled, nesting) exactly as torch.autocast does. So whatever in torch reads
 that state sees a region (checkpointing, custom_fwd, nn.LSTM, scripted modules, custom ops), C++

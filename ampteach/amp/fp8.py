@@ -12,7 +12,7 @@ An fp8 number is x * scale rounded to e4m3 (max 448) or e5m2 (max 57344), neares
 
     tensorwise ("current" scaling, torchao): scale = float32(max / max(float64(amax(x)), 1e-12))
     delayed (Transformer Engine):            scale = float32(max * 2^-margin) / max(last history_len amaxes)
-    mx (OCP Microscaling, ampteach.mx):      one power-of-two scale per block of 32 values
+    mx (OCP Microscaling, ampteach.amp.mx):      one power-of-two scale per block of 32 values
 
 Float8Linear runs a Linear's three matmuls on fp8 values (dequantized to float32 and multiplied with
 float32 accumulation, which is what torchao's emulate=True does on a CPU): input and weight in e4m3 in

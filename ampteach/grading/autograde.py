@@ -7,7 +7,7 @@
 As nbgrader's autograder overwrites its test cells, every check cell is replaced by the course's own
 (an edited one included), a deleted one is put back after the nearest course cell the notebook still
 has, and hidden checks are added where the course has them. Each restored cell takes its check
-functions fresh from ampteach.checks (a same-named function in the notebook does not count) and,
+functions fresh from ampteach.grading.checks (a same-named function in the notebook does not count) and,
 as its last line, notes its cell id in a ledger file with a fresh random name: a check passes only
 when nbval saw no error AND the ledger has its note, because a kernel interrupted in the middle of
 an import can fail a later cell without sending the error.
@@ -15,7 +15,7 @@ an import can fail a later cell without sending the error.
 nbval runs each code cell as a test. A warm-up cell first imports torch and ampteach with its own
 time limit, so a busy machine does not spend a learner's cell limit on imports; a cell that runs
 past its limit is interrupted and the next cells still run (nbval would mark them xfail). This
-module is also a pytest plugin (`-p ampteach.autograde`, and the course's conftest loads it) for
+module is also a pytest plugin (`-p ampteach.grading.autograde`, and the course's conftest loads it) for
 those two options and for nbval's patience with cell output.
 """
 
@@ -43,12 +43,12 @@ EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Failed|Interru
 TIMEOUT = re.compile(r"Timeout of ([\d.]+) seconds exceeded")
 OUTPUT_PATIENCE = 60.0  # seconds nbval waits for a finished cell's output messages (its own default: 5)
 KERNEL_STARTUP = 300.0  # seconds a kernel may take to start on a busy machine (nbval's default: 60)
-WARMUP = ("import torch, torch._dynamo, ampteach, ampteach.checks  # ampteach grade: the slow imports first, "
+WARMUP = ("import torch, torch._dynamo, ampteach, ampteach.grading.checks  # ampteach grade: the slow imports first, "
           "with their own time limit")
 WARMUP_TIMEOUT = 600.0
 
 
-# --- pytest plugin: loaded with `-p ampteach.autograde` (and by the course's conftest) ---- -------------------
+# --- pytest plugin: loaded with `-p ampteach.grading.autograde` (and by the course's conftest) ---- -------------------
 
 def pytest_addoption(parser) -> None:
     group = parser.getgroup("nbval")
@@ -116,7 +116,7 @@ class _Planned:
 
 
 def _check_cell(check: dict, ledger: str) -> nbformat.NotebookNode:
-    """The course's check cell, its check functions taken fresh from ampteach.checks, and a last line
+    """The course's check cell, its check functions taken fresh from ampteach.grading.checks, and a last line
     that notes in `ledger` that the cell ran to its end: a pass needs that note, not only the absence
     of an error message (which an interrupted kernel can fail to send)."""
     names = check["functions"]

@@ -6,7 +6,7 @@
 
 Before a notebook runs, every check cell is put back as the course wrote it (as nbgrader's
 autograder overwrites its test cells): a check cell you edited or deleted is restored, the check
-function is taken from ampteach.checks even if your notebook defined one of the same name, and the
+function is taken from ampteach.grading.checks even if your notebook defined one of the same name, and the
 hidden checks (which the exercise does not show) are added where the course has them. The course's
 copy of the checks ships inside the package (ampteach/grading/exercise_checks/), so grading works from any
 directory. Which exercise a notebook is comes from its metadata (the exercise generator writes it),

@@ -34,7 +34,6 @@ from typing import Callable, Iterable, Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampteach.amp.autocast import CastRecord, autocast

@@ -1,6 +1,6 @@
 """Data-parallel mixed precision: DDP with autocast and one loss scaler per process; FSDP2 with fp32 shards.
 
-    python -m torch.distributed.run --nproc_per_node 2 -m ampteach.distributed --device cpu --steps 20
+    python -m torch.distributed.run --nproc_per_node 2 -m ampteach.lab.distributed --device cpu --steps 20
     rank 0: scale 65536.0 checksum -12.345678901234567
     rank 1: scale 65536.0 checksum -12.345678901234567
 
@@ -15,7 +15,7 @@ together: `--inject-inf STEP --inject-rank R` puts an inf into one gradient on r
 of backward, before the all-reduce. With `--inject-after-reduce` the inf lands after it, on rank R
 only, as a bug in your own code could do it: then only rank R skips and the replicas part ways.
 
-`--accumulate N` makes every optimizer step from N micro-batches (ampteach.accumulation): the first
+`--accumulate N` makes every optimizer step from N micro-batches (ampteach.lab.grad_accumulation): the first
 N-1 run inside DDP's no_sync(), so each step does one gradient all-reduce instead of N (each rank
 prints how many it did); `--sync-each-micro-batch` all-reduces after every micro-batch instead.
 
@@ -251,7 +251,7 @@ def parse_output(stdout: str, returncode: int = 0) -> JobOutput:
 
 
 def launch(*args: str, nproc: int = 2, timeout: float = 600) -> JobOutput:
-    """Run `python -m torch.distributed.run --nproc_per_node 2 -m ampteach.distributed ARGS` on this machine.
+    """Run `python -m torch.distributed.run --nproc_per_node 2 -m ampteach.lab.distributed ARGS` on this machine.
 
     The rendezvous uses a free localhost port (no network); each rank runs one intra-op thread.
     Raises RuntimeError with the job's output if it fails.
@@ -270,7 +270,7 @@ def launch(*args: str, nproc: int = 2, timeout: float = 600) -> JobOutput:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m torch.distributed.run --nproc_per_node 2 -m ampteach.distributed",
+        prog="python -m torch.distributed.run --nproc_per_node 2 -m ampteach.lab.distributed",
         description="DDP + autocast + a GradScaler per process on FashionMNIST; each rank prints its loss "
                     "scale and a checksum of its parameters, which must agree across ranks.")
     parser.add_argument("--device", choices=sorted(BACKENDS), default="cpu",
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise SystemExit("ampteach.lab.distributed runs one process per rank: start it with\n"
-                         "  python -m torch.distributed.run --nproc_per_node 2 -m ampteach.distributed --device cpu")
+                         "  python -m torch.distributed.run --nproc_per_node 2 -m ampteach.lab.distributed --device cpu")
     dist.init_process_group(BACKENDS[args.device])
     try:
         if not 0 <= args.inject_rank < dist.get_world_size():

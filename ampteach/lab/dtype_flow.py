@@ -24,8 +24,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
 from torch import nn
 
-from ampteach.lab.plots import FORMAT_COLORS, course_style
 from ampteach.lab.compare_torch import DispatchTrace
+from ampteach.lab.plots import FORMAT_COLORS, course_style
 
 # bookkeeping: views, detach, and AccumulateGrad's copy into .grad (the trace holds the gradient, so it copies)
 SKIPPED = {"t", "view", "detach", "ones_like", "expand", "reshape", "_unsafe_view", "transpose", "permute",

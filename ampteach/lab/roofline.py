@@ -14,10 +14,6 @@ flops for 3n^2 elements moved: far left on the plot, under the memory roof.
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-from typing import Callable
-
 import torch
 
 from ampteach.training.machine import best_seconds, describe_device, resolve_clock, resolve_device

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from ampteach.amp.autocast import autocast, custom_bwd, custom_fwd
-from ampteach.training.models import mlp
 from ampteach.amp.scaler import GradScaler
+from ampteach.training.models import mlp
 
 # name -> (autocast, GradScaler): call them the same way, autocast("cpu", dtype=...), GradScaler("cpu", ...)
 IMPLEMENTATIONS = {

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from ampteach.training.data import Preloaded
-from ampteach.training.models import mlp
 from ampteach.training.machine import best_seconds
+from ampteach.training.models import mlp
 from ampteach.training.seeding import seed_everything
 from ampteach.training.train import TrainConfig, prepare, train_step
 

@@ -19,7 +19,6 @@ a CPU, where every fp16 op is emulated and slow).
 from __future__ import annotations
 
 import json
-import platform
 from importlib import resources
 from pathlib import Path
 
@@ -27,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ampteach.tools.command import run_command
-from ampteach.training.machine import cuda_info, describe_device, resolve_device
-from ampteach.training.data import Preloaded, course_split, load_fashion_mnist, preload
 from ampteach.lab.memory import measure_step
+from ampteach.tools.command import run_command
+from ampteach.training.data import Preloaded, course_split, load_fashion_mnist, preload
+from ampteach.training.machine import cuda_info, describe_device, resolve_device
 from ampteach.training.models import cnn, mlp
 from ampteach.training.seeding import seed_everything
 from ampteach.training.train import TrainConfig, autocast_for, train

@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import os
 import platform
-import sys
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from ampteach.training.machine import CPU_HALF_FLAGS, cpu_info, cuda_info, onednn_half
+from ampteach.training.machine import cpu_info, cuda_info, onednn_half
 
 FASTER = 1.1  # a probe ratio above this counts as a speed-up (below it: noise, or slower)
 

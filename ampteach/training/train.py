@@ -41,12 +41,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ampteach.amp.half_weights import HalfWeights
+from ampteach.amp.master import MasterWeights, to_half
 from ampteach.training.checkpoint import load_checkpoint, save_checkpoint
 from ampteach.training.config import PRECISIONS, History, TrainConfig
 from ampteach.training.data import Preloaded
 from ampteach.training.machine import sync
-from ampteach.amp.half_weights import HalfWeights
-from ampteach.amp.master import MasterWeights, to_half
+
 
 def autocast_for(impl: str, device_type: str, precision: str):
     """torch.autocast or ampteach.autocast for this precision (disabled for fp32)."""
@@ -197,7 +198,7 @@ def train(model: nn.Module, data: Preloaded, config: TrainConfig | None = None, 
     after_backward(step, model) runs after backward and before unscale_/step: the place to look at
     (or, in the fault-injection tests, break) the gradients.
     Recipes "master" and "half" cast model to half in place; see prepare() for optimizer and master.
-    checkpoint_path, checkpoint_every: write an ampteach.checkpoint there every checkpoint_every steps
+    checkpoint_path, checkpoint_every: write an ampteach.training.checkpoint there every checkpoint_every steps
     (when a step ends an epoch, after that epoch's evaluation) and at the end of training. resume_from: such a checkpoint; give a
     freshly built model (and optimizer/master if you passed them before) and the same config (epochs
     may grow): weights, optimizer, scaler, step and History come back and training goes on from the

@@ -19,20 +19,30 @@ import importlib
 from pathlib import Path
 from typing import Callable
 
-from ampteach.grading.checks.common import CheckFailed
+from ampteach.grading.checks.amp_throughput import check_amp_step, check_e6_1_table
+from ampteach.grading.checks.autocast_mode import check_autocast_mode, check_autocast_mode_hidden
 from ampteach.grading.checks.bf16_rounding import check_round_to_bf16
+from ampteach.grading.checks.bug_hunt import HiddenMLP, bug_hunt_problem, check_bug_hunt, check_bug_hunt_hidden
+from ampteach.grading.checks.common import CheckFailed
+from ampteach.grading.checks.grad_scaler import (
+    check_grad_scaler,
+    check_grad_scaler_errors,
+    check_grad_scaler_hidden_plans,
+)
 from ampteach.grading.checks.loss_scale_update import check_loss_scale_update, check_loss_scale_update_hidden
 from ampteach.grading.checks.master_step import check_master_step
-from ampteach.grading.checks.sort_cast_lists import CAST_LIST_OPS, CHALLENGE_OPS, check_cast_lists, check_cast_lists_reasoned, observe_autocast
-from ampteach.grading.checks.amp_throughput import check_amp_step, check_e6_1_table
-from ampteach.grading.checks.when_amp_is_wrong import check_clipped_step, check_clip_threshold, check_tiny_loss
-from ampteach.grading.checks.grad_scaler import check_grad_scaler, check_grad_scaler_errors, check_grad_scaler_hidden_plans
-from ampteach.grading.checks.autocast_mode import check_autocast_mode, check_autocast_mode_hidden
-from ampteach.grading.checks.transformer_dtypes import CONFIGS, POINTS, check_pre_norm_output, check_transformer_dtypes
-from ampteach.grading.checks.static_scale import check_flush_and_overflow, check_static_scale, check_static_scale_hidden
-from ampteach.grading.checks.scale_log import check_scale_log_diagnosis, check_scale_log_unseen
-from ampteach.grading.checks.bug_hunt import HiddenMLP, bug_hunt_problem, check_bug_hunt, check_bug_hunt_hidden
 from ampteach.grading.checks.mx_blocks import ELEMENTS, check_mx_quantize, check_mx_quantize_hidden
+from ampteach.grading.checks.scale_log import check_scale_log_diagnosis, check_scale_log_unseen
+from ampteach.grading.checks.sort_cast_lists import (
+    CAST_LIST_OPS,
+    CHALLENGE_OPS,
+    check_cast_lists,
+    check_cast_lists_reasoned,
+    observe_autocast,
+)
+from ampteach.grading.checks.static_scale import check_flush_and_overflow, check_static_scale, check_static_scale_hidden
+from ampteach.grading.checks.transformer_dtypes import CONFIGS, POINTS, check_pre_norm_output, check_transformer_dtypes
+from ampteach.grading.checks.when_amp_is_wrong import check_clip_threshold, check_clipped_step, check_tiny_loss
 
 MODULES = ("bf16_rounding", "loss_scale_update", "master_step", "sort_cast_lists", "amp_throughput",
            "when_amp_is_wrong", "grad_scaler", "autocast_mode", "transformer_dtypes", "static_scale", "scale_log",

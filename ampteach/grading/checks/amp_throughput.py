@@ -14,7 +14,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ampteach.grading.checks.common import CheckFailed, passed as _passed
+from ampteach.grading.checks.common import CheckFailed
+from ampteach.grading.checks.common import passed as _passed
 
 
 def tiny_problem(seed: int = 0, batch: int = 64) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:

@@ -6,7 +6,7 @@
 Every case runs twice: under torch.autocast and under the learner's mode, on CPU (bfloat16 and
 float16 regions, real tensors: output dtype and values, bit for bit) and on CUDA (float16 and
 bfloat16 regions; fake CUDA tensors without a GPU: output dtype, or the error). The learner's mode
-may look policies up in ampteach.cast_lists; it may not lean on torch.autocast or ampteach.autocast,
+may look policies up in ampteach.amp.cast_lists; it may not lean on torch.autocast or ampteach.autocast,
 which are refused while it runs.
 """
 
@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ampteach.grading.checks.common import CheckFailed, passed as _passed, refusing, same_bits, short
+from ampteach.grading.checks.common import CheckFailed, refusing, same_bits, short
+from ampteach.grading.checks.common import passed as _passed
 
 REGIONS = (("cpu", torch.bfloat16), ("cpu", torch.float16), ("cuda", torch.float16), ("cuda", torch.bfloat16))
 BECAUSE = "the exercise is to cast the inputs yourself, in your mode"

@@ -10,7 +10,9 @@ from typing import Callable
 
 import torch
 
-from ampteach.grading.checks.common import CheckFailed, bits32 as _bits, passed as _passed
+from ampteach.grading.checks.common import CheckFailed
+from ampteach.grading.checks.common import bits32 as _bits
+from ampteach.grading.checks.common import passed as _passed
 
 Case = tuple[str, torch.Tensor]
 

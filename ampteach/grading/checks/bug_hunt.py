@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ampteach.grading.checks.common import CheckFailed, passed as _passed
+from ampteach.grading.checks.common import CheckFailed
+from ampteach.grading.checks.common import passed as _passed
 
 PENALTY = 1e-3   # weight of the activation penalty: the L2 norm of the hidden activations
 

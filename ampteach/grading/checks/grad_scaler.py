@@ -22,7 +22,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from ampteach.grading.checks.common import CheckFailed, RefuseOps, passed as _passed, refusing, same_bits, short
+from ampteach.grading.checks.common import CheckFailed, RefuseOps, refusing, same_bits, short
+from ampteach.grading.checks.common import passed as _passed
 
 BECAUSE = "the exercise is to build the scaler from ordinary tensor ops"
 

@@ -13,7 +13,8 @@ from typing import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
-from ampteach.grading.checks.common import CheckFailed, RefuseOps, passed as _passed, refusing
+from ampteach.grading.checks.common import CheckFailed, RefuseOps, refusing
+from ampteach.grading.checks.common import passed as _passed
 
 
 def hidden_scale_plans(seed: int = 1) -> list[tuple[str, dict, list[bool]]]:

@@ -11,7 +11,8 @@ from typing import Callable
 
 import torch
 
-from ampteach.grading.checks.common import CheckFailed, passed as _passed
+from ampteach.grading.checks.common import CheckFailed
+from ampteach.grading.checks.common import passed as _passed
 
 
 def check_master_step(make_master_copies: Callable, master_step: Callable) -> None:

@@ -21,7 +21,8 @@ from typing import Callable, Iterator
 
 import torch
 
-from ampteach.grading.checks.common import CheckFailed, passed as _passed, refusing
+from ampteach.grading.checks.common import CheckFailed, refusing
+from ampteach.grading.checks.common import passed as _passed
 
 BLOCK = 32
 # element format -> (exponent bits, mantissa bits, emax: largest exponent of a normal value, largest value)

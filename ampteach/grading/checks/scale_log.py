@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ampteach.grading.checks.common import CheckFailed
+from ampteach.grading.checks.common import passed as _passed
 from ampteach.lab.scale_logs import CAUSES, causes_of_examples, example_logs, simulate
-from ampteach.grading.checks.common import CheckFailed, passed as _passed
 
 LOOK_AT = ("what the scale does over the whole run, whether any loss is inf/NaN (and from when: one step "
            "on, or scattered), whether steps are skipped late in the run, and the flushed share")

@@ -11,7 +11,8 @@ from typing import Callable
 
 import torch
 
-from ampteach.grading.checks.common import CheckFailed, passed as _passed
+from ampteach.grading.checks.common import CheckFailed
+from ampteach.grading.checks.common import passed as _passed
 
 
 def _cast_list_calls() -> dict[str, Callable]:
@@ -116,7 +117,7 @@ def check_cast_lists(sort_into_cast_lists: Callable[[], dict]) -> None:
     """sort_into_cast_lists() -> {"cpu": {op: category}, "cuda": {op: category}} for every op in
     CAST_LIST_OPS and CHALLENGE_OPS, a category being one of PyTorch's names or None (on no list).
     Grades CAST_LIST_OPS against the lists torch 2.13 registers for CPU and CUDA autocast
-    (ampteach.cast_lists, which the course's tests check against torch's dispatcher). A wrong
+    (ampteach.amp.cast_lists, which the course's tests check against torch's dispatcher). A wrong
     placement is explained by what torch.autocast did, not by naming the right category."""
     from ampteach.amp.cast_lists import policy_of
 

@@ -17,7 +17,8 @@ from typing import Callable
 
 import torch
 
-from ampteach.grading.checks.common import CheckFailed, passed as _passed
+from ampteach.grading.checks.common import CheckFailed
+from ampteach.grading.checks.common import passed as _passed
 
 FP16_MAX = torch.finfo(torch.float16).max
 

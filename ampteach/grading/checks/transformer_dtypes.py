@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ampteach.grading.checks.common import CheckFailed, passed as _passed, short
+from ampteach.grading.checks.common import CheckFailed, short
+from ampteach.grading.checks.common import passed as _passed
 
 CONFIGS = {   # config -> (device, autocast dtype, dtype of the layer's input)
     "cpu, fp32 input": ("cpu", torch.bfloat16, torch.float32),

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ampteach.grading.checks.amp_throughput import compare_models, tiny_problem
-from ampteach.grading.checks.common import CheckFailed, passed as _passed, short
+from ampteach.grading.checks.common import CheckFailed, short
+from ampteach.grading.checks.common import passed as _passed
 
 # --- (a) a loss over tiny probabilities -----------------------------------------------------------
 
