@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ampteach.tools import bench, doctor
+from ampteach.training import machine
 
 
 def test_report_holds_the_machine_facts():
@@ -46,7 +47,7 @@ def test_without_ampteach_data_the_doctor_names_the_bundled_split(monkeypatch, t
 
 
 def test_cpu_flags_are_read_from_proc_cpuinfo():
-    name, flags = doctor.cpu_info()
+    name, flags = machine.cpu_info()
     if flags is None:  # not Linux
         return
     text = open("/proc/cpuinfo").read().split()
@@ -141,7 +142,7 @@ def test_the_gpu_recommendation_follows_the_probe():
                                                ({"avx512_bf16": True}, None, True), ({}, 0.07, False), ({}, None, False)])
 def test_fast_bf16_needs_the_hardware_and_the_measurement(flags, bf16, fast):
     report = doctor.collect(probe=False)
-    report.cpu_flags = {f: flags.get(f, False) for f in doctor.CPU_HALF_FLAGS}
+    report.cpu_flags = {f: flags.get(f, False) for f in machine.CPU_HALF_FLAGS}
     report.probe = {"cpu": {"bf16": bf16}} if bf16 is not None else {}
     assert report.fast_bf16("cpu") is fast
 
