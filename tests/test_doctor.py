@@ -95,7 +95,7 @@ def fake_gpu(monkeypatch, name: str, major: int, minor: int) -> None:
 
 def fake_probe(cuda_speedup: dict[str, float]):
     """doctor.matmul_speedup without a GPU: the given CUDA ratios, and a slow-bf16 CPU."""
-    def speedup(device, dtype, n=512, min_seconds=0.1):
+    def speedup(device, dtype, n=512, rounds=doctor.PROBE_ROUNDS, min_seconds=0.02):
         name = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
         return cuda_speedup[name] if device == "cuda" else 0.5
     return speedup
@@ -138,13 +138,70 @@ def test_the_gpu_recommendation_follows_the_probe():
     assert precision == "fp32" and "no half-precision speed-up" in why
 
 
-@pytest.mark.parametrize("flags, bf16, fast", [({"amx_bf16": True}, 3.0, True), ({"amx_bf16": True}, 0.9, False),
-                                               ({"avx512_bf16": True}, None, True), ({}, 0.07, False), ({}, None, False)])
+@pytest.mark.parametrize("flags, bf16, fast", [
+    ({"amx_bf16": True}, 3.0, True), ({"amx_bf16": True}, 0.9, False), ({"avx512_bf16": True}, None, True),
+    ({}, 0.07, False), ({}, None, False)])
 def test_fast_bf16_needs_the_hardware_and_the_measurement(flags, bf16, fast):
     report = doctor.collect(probe=False)
     report.cpu_flags = {f: flags.get(f, False) for f in machine.CPU_HALF_FLAGS}
     report.probe = {"cpu": {"bf16": bf16}} if bf16 is not None else {}
     assert report.fast_bf16("cpu") is fast
+
+
+def probes(*ratios):
+    """A fake matmul_speedup returning these bf16 ratios in turn (fp16 always 0.5), counting its bf16 calls."""
+    calls = []
+
+    def speedup(device, dtype, n=512, rounds=doctor.PROBE_ROUNDS, min_seconds=0.02):
+        if dtype == torch.float16:
+            return 0.5
+        calls.append(dtype)
+        return ratios[min(len(calls), len(ratios)) - 1]
+    return speedup, calls
+
+
+def native_bf16_cpu(monkeypatch):
+    monkeypatch.setattr(doctor, "cuda_info", lambda: None)
+    flags = {f: f == "avx512_bf16" for f in machine.CPU_HALF_FLAGS}
+    monkeypatch.setattr(doctor, "cpu_info", lambda: ("Test CPU", flags))
+    monkeypatch.setattr(doctor, "onednn_half", lambda: {"bf16": True, "fp16": False})
+
+
+def test_a_probe_that_contradicts_the_hardware_is_retried_then_called_busy(monkeypatch):
+    native_bf16_cpu(monkeypatch)
+    speedup, calls = probes(0.16, 0.2, 0.3)            # slower than fp32 on a CPU with native bf16, three times
+    monkeypatch.setattr(doctor, "matmul_speedup", speedup)
+    report = doctor.collect(probe=True)
+    assert len(calls) == doctor.PROBE_TRIES and report.busy
+    assert report.recommendation == doctor.BUSY and "Rerun" in report.reason and "0.30x" in report.reason
+    assert report.fast_bf16("cpu")                     # the hardware decides what lessons condition on
+    assert "looks busy" in doctor.format_report(report)
+
+
+def test_a_retry_that_agrees_with_the_hardware_gives_a_verdict(monkeypatch):
+    native_bf16_cpu(monkeypatch)
+    speedup, calls = probes(0.16, 4.3)                 # busy once, then the cores were free
+    monkeypatch.setattr(doctor, "matmul_speedup", speedup)
+    report = doctor.collect(probe=True)
+    assert len(calls) == 2 and not report.busy
+    assert report.recommendation == "bf16 autocast" and "4.3x" in report.reason
+
+
+def test_no_native_bf16_is_never_called_busy(monkeypatch):
+    monkeypatch.setattr(doctor, "cuda_info", lambda: None)
+    monkeypatch.setattr(doctor, "cpu_info", lambda: ("Test CPU", {f: False for f in machine.CPU_HALF_FLAGS}))
+    speedup, calls = probes(0.03)
+    monkeypatch.setattr(doctor, "matmul_speedup", speedup)
+    report = doctor.collect(probe=True)
+    assert len(calls) == 1 and not report.busy and report.recommendation == "fp32"
+
+
+def test_probe_keeps_each_formats_fastest_round(monkeypatch):
+    times = {torch.float32: iter([0.9, 0.1, 0.5]), torch.bfloat16: iter([0.05, 0.4, 0.5])}
+    from ampteach.lab import roofline
+
+    monkeypatch.setattr(roofline, "matmul_seconds", lambda n, dtype, device, min_seconds: next(times[dtype]))
+    assert doctor.matmul_speedup("cpu", torch.bfloat16, rounds=3) == pytest.approx(0.1 / 0.05)
 
 
 def test_probe_measures_a_positive_ratio():

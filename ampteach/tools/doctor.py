@@ -6,7 +6,11 @@
 The recommendation follows from two things: whether the hardware has native half-precision
 arithmetic (tensor cores on a GPU, bf16 from compute capability 8.0; AVX512-BF16 / AMX on a CPU),
 and the doctor's own matmul probe, which measures it:
-    speed-up = time(fp32 n x n matmul) / time(half n x n matmul)   on this device, > 1.1 to count.
+    speed-up = best time(fp32 n x n matmul) / best time(half n x n matmul)   over interleaved rounds, > 1.1 to count.
+Another process on the machine only ever slows a call down, so the probe keeps each format's fastest call over
+several interleaved rounds. Where it still contradicts the hardware (native bf16 flags and oneDNN's bf16
+kernels, yet bf16 measured slower than fp32), the doctor says the machine looks busy and gives no verdict
+instead of a wrong one: rerun it when the machine is quiet.
 `torch.cuda.is_bf16_supported()` is not used for the decision: by default it also counts bf16 that
 a GPU only emulates (a T4 or V100, compute capability 7.x, runs it without tensor cores).
 """
@@ -22,6 +26,9 @@ import torch
 from ampteach.training.machine import cpu_info, cuda_info, onednn_half
 
 FASTER = 1.1  # a probe ratio above this counts as a speed-up (below it: noise, or slower)
+PROBE_ROUNDS = 5  # interleaved fp32/half rounds per probe; each format keeps its fastest call
+PROBE_TRIES = 3   # probes before a contradiction between the flags and the measurement is called "busy"
+BUSY = "none yet: the machine looks busy"
 
 
 @dataclass
@@ -43,16 +50,18 @@ class Report:
     recommendation: str = ""
     reason: str = ""
     dataset_source: str = ""          # data.SOURCES key: AMPTEACH_DATA, cache or bundled
+    busy: bool = False                # the probe contradicted the hardware after PROBE_TRIES probes
 
     def fast_bf16(self, device: str = "cpu") -> bool:
         """The doctor's finding for device: native bf16 hardware AND, where the probe ran, a measured bf16 matmul
-        faster than fp32's. Lessons make their speed claims conditional on this, not on a guess."""
+        faster than fp32's. Lessons make their speed claims conditional on this, not on a guess. On a machine the
+        doctor found busy (the probe contradicting the hardware), the hardware decides."""
         measured = self.probe.get(device, {}).get("bf16")
         if device == "cuda":
             native = bool(self.cuda and self.cuda["tensor_cores"] and self.cuda["bf16"])
         else:
             native = any(self.cpu_flags.get(f) for f in ("avx512_bf16", "amx_bf16"))
-        return native and (measured is None or measured > FASTER)
+        return native and (measured is None or measured > FASTER or self.busy)
 
 
 def dataset_status() -> tuple[str, bool, tuple[int, int] | None, str]:
@@ -70,22 +79,43 @@ def dataset_status() -> tuple[str, bool, tuple[int, int] | None, str]:
     return str(root), True, counts, source  # type: ignore[return-value]
 
 
-def matmul_speedup(device: str, dtype: torch.dtype, n: int = 512, min_seconds: float = 0.1) -> float:
-    """time(fp32 n x n matmul) / time(dtype matmul) on device: > 1 means the half format is faster."""
+def matmul_speedup(device: str, dtype: torch.dtype, n: int = 512, rounds: int = PROBE_ROUNDS,
+                   min_seconds: float = 0.02) -> float:
+    """best time(fp32 n x n matmul) / best time(dtype matmul) on device, over `rounds` interleaved rounds:
+    > 1 means the half format is faster. Interleaving puts a burst of load from another process on both."""
     from ampteach.lab.roofline import matmul_seconds
 
-    return matmul_seconds(n, torch.float32, device, min_seconds) / matmul_seconds(n, dtype, device, min_seconds)
+    fp32 = half = float("inf")
+    for _ in range(rounds):
+        fp32 = min(fp32, matmul_seconds(n, torch.float32, device, min_seconds))
+        half = min(half, matmul_seconds(n, dtype, device, min_seconds))
+    return fp32 / half
 
 
-def recommend(cuda: dict | None, cpu_flags: dict[str, bool] | None, probe: dict[str, dict[str, float]]) -> tuple[str, str]:
+def contradicts_hardware(cpu_flags: dict[str, bool] | None, kernels: dict[str, bool], bf16: float | None) -> bool:
+    """Native bf16 flags and oneDNN's bf16 kernels, yet a bf16 matmul measured slower than fp32: on such a CPU
+    bf16 runs 1.5 to 5 times faster than fp32 when the cores are free, so the cores were not free."""
+    native = bool(cpu_flags) and any(cpu_flags.get(f) for f in ("avx512_bf16", "amx_bf16"))
+    return native and kernels.get("bf16", False) and bf16 is not None and bf16 < 1.0
+
+
+def recommend(cuda: dict | None, cpu_flags: dict[str, bool] | None, probe: dict[str, dict[str, float]],
+              busy: bool = False) -> tuple[str, str]:
     """(precision to use, why), from the hardware facts and the doctor's own measured probe."""
     if cuda is not None:
         return _recommend_cuda(cuda, probe.get("cuda", {}))
+    if busy:
+        bf16 = probe.get("cpu", {}).get("bf16", float("nan"))
+        return BUSY, (f"this CPU has native bf16 and oneDNN's bf16 kernels, yet bf16 matmuls measured {bf16:.2f}x "
+                      f"fp32's speed in {PROBE_TRIES} probes: another process is probably using the cores. Rerun "
+                      f"`ampteach doctor` when the machine is quiet (on the hardware alone: bf16 autocast)")
     cpu = probe.get("cpu", {})
     bf16, fp16 = cpu.get("bf16"), cpu.get("fp16")
     native = [f.upper().replace("_", "-") for f in ("avx512_bf16", "amx_bf16") if cpu_flags and cpu_flags.get(f)]
     has = f"this CPU has native bf16 ({', '.join(native)})" if native else "this CPU has no native bf16 arithmetic"
-    fp16_note = f"; fp16 autocast here runs {1 / fp16:.0f}x slower than fp32 (no native fp16)" if fp16 and fp16 < 0.5 else ""
+    fp16_note = ""
+    if fp16 and fp16 < 0.5:
+        fp16_note = f"; fp16 autocast here runs {1 / fp16:.0f}x slower than fp32 (no native fp16)"
     if bf16 is None:  # not measured: go by the flags alone
         if native:
             return "bf16 autocast", f"{has} (flags only; run without --no-probe to measure it)"
@@ -119,20 +149,28 @@ def collect(probe: bool = True) -> Report:
     cuda = cuda_info()
     root, found, counts, source = dataset_status()
     speed: dict[str, dict[str, float]] = {}
+    kernels = onednn_half()
+    busy = False
     if probe:
-        speed["cpu"] = {"bf16": matmul_speedup("cpu", torch.bfloat16), "fp16": matmul_speedup("cpu", torch.float16, n=256)}
+        bf16 = matmul_speedup("cpu", torch.bfloat16)
+        for _ in range(PROBE_TRIES - 1):  # a contradiction gets more probes before it counts
+            if not contradicts_hardware(flags, kernels, bf16):
+                break
+            bf16 = max(bf16, matmul_speedup("cpu", torch.bfloat16))
+        busy = contradicts_hardware(flags, kernels, bf16)
+        speed["cpu"] = {"bf16": bf16, "fp16": matmul_speedup("cpu", torch.float16, n=256, rounds=3)}
         if cuda is not None:
             speed["cuda"] = {"fp16": matmul_speedup("cuda", torch.float16, n=4096)}
             if cuda["bf16"]:
                 speed["cuda"]["bf16"] = matmul_speedup("cuda", torch.bfloat16, n=4096)
-    rec, why = recommend(cuda, flags, speed)
+    rec, why = recommend(cuda, flags, speed, busy)
     return Report(
         python=platform.python_version(), torch=torch.__version__,
         platform=f"{platform.system()} {platform.machine()}", cpu_name=cpu_name,
         cpu_capability=torch.backends.cpu.get_cpu_capability(), cpu_flags=flags or {},
         threads=torch.get_num_threads(), cpu_count=os.cpu_count() or 1, cuda=cuda,
-        dataset_root=root, dataset_found=found, dataset_counts=counts, dataset_source=source, probe=speed, onednn_half=onednn_half(),
-        recommendation=rec, reason=why,
+        dataset_root=root, dataset_found=found, dataset_counts=counts, dataset_source=source, probe=speed,
+        onednn_half=kernels, recommendation=rec, reason=why, busy=busy,
     )
 
 
@@ -146,7 +184,8 @@ def format_report(r: Report, paths: bool = True) -> str:
     if r.cuda:
         c = r.cuda
         lines += [
-            f"GPU            {c['name']}, compute capability {c['capability']}, {c['memory_gib']} GiB, CUDA {c['cuda']}",
+            f"GPU            {c['name']}, compute capability {c['capability']}, {c['memory_gib']} GiB, "
+            f"CUDA {c['cuda']}",
             f"  tensor cores {yes[c['tensor_cores']]}",
             f"  bf16         {yes[c['bf16']]}",
         ]
@@ -170,7 +209,8 @@ def format_report(r: Report, paths: bool = True) -> str:
     where = f"{named} ({r.dataset_root})" if paths and r.dataset_source != "bundled" else named
     if r.dataset_found:
         n_train, n_test = r.dataset_counts
-        kind = "the course subset" if (n_train, n_test) == (7000, 1226) else "the full dataset" if n_train == 60000 else "a copy"
+        kind = ("the course subset" if (n_train, n_test) == (7000, 1226)
+                else "the full dataset" if n_train == 60000 else "a copy")
         lines.append(f"Dataset        from {where}: {n_train} train / {n_test} test images ({kind})")
     else:
         lines.append(f"Dataset        not found in {where}: point AMPTEACH_DATA at a folder with the four "
