@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+__all__ = ["ClipTrace", "clip_trace", "grad_norm", "plot_clip_trace"]
+
 
 @dataclass
 class ClipTrace:

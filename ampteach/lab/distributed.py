@@ -52,6 +52,11 @@ from ampteach.training.models import mlp
 from ampteach.training.seeding import seed_everything
 from ampteach.training.train import TrainConfig, autocast_for, make_optimizer, prepare, scaler_for
 
+__all__ = [
+    "ALL_REDUCES", "BACKENDS", "FINAL", "STEP", "AllReduceCount", "JobOutput", "checksum", "count_all_reduces",
+    "launch", "main", "parse_args", "parse_output", "run", "shard", "shard_batches",
+]
+
 BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
 
 
@@ -99,7 +104,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _inf_at_call(call: int):
-    """A tensor hook that sets one element of the gradient to inf in the call-th backward it sees (before DDP reduces)."""
+    """A tensor hook that sets one element of the gradient to inf in the call-th backward it sees (before DDP
+    reduces)."""
     calls = itertools.count()
 
     def hook(grad: torch.Tensor) -> torch.Tensor:
@@ -314,11 +320,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise SystemExit("ampteach.lab.distributed runs one process per rank: start it with\n"
-                         "  python -m torch.distributed.run --nproc_per_node 2 -m ampteach.lab.distributed --device cpu")
+                         "  python -m torch.distributed.run --nproc_per_node 2 -m ampteach.lab.distributed "
+                         "--device cpu")
     dist.init_process_group(BACKENDS[args.device])
     try:
         if not 0 <= args.inject_rank < dist.get_world_size():
-            raise SystemExit(f"--inject-rank {args.inject_rank} is not a rank of this job (0..{dist.get_world_size() - 1})")
+            raise SystemExit(f"--inject-rank {args.inject_rank} is not a rank of this job "
+                             f"(0..{dist.get_world_size() - 1})")
         _say(run(args))
     finally:
         dist.destroy_process_group()

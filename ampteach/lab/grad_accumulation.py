@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+__all__ = ["AccumulationResult", "accumulation_step", "plot_accumulation_windows", "windows_from_events"]
+
 
 class AccumulationResult(NamedTuple):
     loss: torch.Tensor          # the mean loss over the micro-batches (a tensor: reading it is up to you)
@@ -127,7 +129,7 @@ def plot_accumulation_windows(loops: dict[str, Sequence[tuple[int, str]]], n_mic
         if ax is None:
             _, ax = plt.subplots(figsize=(9, 0.8 + 0.7 * len(loops)))
         colours = plt.get_cmap("tab10").colors
-        for row, (name, events) in enumerate(loops.items()):
+        for row, events in enumerate(loops.values()):
             y = len(loops) - 1 - row
             windows, _ = windows_from_events(events)
             owner = {m: k for k, window in enumerate(windows) for m in window}

@@ -27,6 +27,11 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+__all__ = [
+    "CATEGORIES", "PHASES", "MemoryBreakdown", "PeakMemory", "StepMemory", "measure_peak", "measure_step",
+    "memory_breakdown", "memory_table", "plot_memory",
+]
+
 # In counting order: a storage already counted in an earlier category is not counted again.
 CATEGORIES = ("weights", "grads", "master", "master_grads", "compensation", "optimizer")
 

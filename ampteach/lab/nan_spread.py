@@ -25,6 +25,8 @@ from torch import nn
 from ampteach.training.data import Preloaded
 from ampteach.training.train import TrainConfig, prepare, train_step
 
+__all__ = ["NanSpread", "non_finite_fraction", "plot_nan_spread", "poison_gradient", "trace_nan_spread"]
+
 
 @dataclass
 class NanSpread:
@@ -105,7 +107,8 @@ def plot_nan_spread(spreads: dict[str, NanSpread], ax=None):
                     a.text(step, -0.6, "skipped", ha="center", va="bottom", fontsize=7, color="tab:blue")
             a.axvline(spread.poison_step - 0.5, color="k", lw=0.8, ls=":")
             a.set(yticks=range(len(spread.names)), yticklabels=spread.names, xticks=range(len(spread.loss)),
-                  xlabel=f"after step (NaN put into a gradient at step {spread.poison_step})", ylim=(len(spread.names) - 0.5, -1))
+                  xlabel=f"after step (NaN put into a gradient at step {spread.poison_step})",
+                  ylim=(len(spread.names) - 0.5, -1))
             a.tick_params(labelsize=7)
             a.set_title(title, fontsize=9)
         plt.colorbar(image, ax=list(ax), label="share of inf/NaN weights", fraction=0.03)

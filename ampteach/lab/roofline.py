@@ -18,6 +18,11 @@ import torch
 
 from ampteach.training.machine import best_seconds, describe_device, resolve_clock, resolve_device
 
+__all__ = [
+    "A100_QUOTED", "COLORS", "COPY_MIB", "DEFAULT_SIZES", "DTYPES", "add_seconds", "copy_bandwidth", "format_table",
+    "intensity", "matmul_seconds", "measure", "plot_roofline", "ridge_point", "roofline_table", "speedups",
+]
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEFAULT_SIZES = {"cpu": (256, 512, 1024, 2048), "cuda": (1024, 2048, 4096, 8192)}
 COPY_MIB = {"cpu": 256, "cuda": 1024}  # well past the last-level cache, so the copy measures memory
@@ -33,7 +38,8 @@ A100_QUOTED = {
 }
 
 
-def matmul_seconds(n: int, dtype: torch.dtype, device: str = "cpu", min_seconds: float = 0.2, clock: str = "auto") -> float:
+def matmul_seconds(n: int, dtype: torch.dtype, device: str = "cpu", min_seconds: float = 0.2,
+                   clock: str = "auto") -> float:
     """Best time of one (n x n) @ (n x n) matmul in dtype on device."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
@@ -41,7 +47,8 @@ def matmul_seconds(n: int, dtype: torch.dtype, device: str = "cpu", min_seconds:
     return best_seconds(lambda: torch.mm(a, b, out=out), device, min_seconds, clock)
 
 
-def add_seconds(n: int, dtype: torch.dtype, device: str = "cpu", min_seconds: float = 0.2, clock: str = "auto") -> float:
+def add_seconds(n: int, dtype: torch.dtype, device: str = "cpu", min_seconds: float = 0.2,
+                clock: str = "auto") -> float:
     """Best time of one elementwise add of two n x n tensors in dtype on device."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
@@ -55,7 +62,8 @@ def intensity(op: str, n: int, dtype: torch.dtype) -> float:
     return (2 * n**3 if op == "matmul" else n * n) / nbytes
 
 
-def measure(op: str, n: int, dtype_name: str, device: str = "cpu", min_seconds: float = 0.2, clock: str = "auto") -> dict:
+def measure(op: str, n: int, dtype_name: str, device: str = "cpu", min_seconds: float = 0.2,
+            clock: str = "auto") -> dict:
     """One row of the table: {op, dtype, size, gflops, intensity, seconds}."""
     dtype = DTYPES[dtype_name]
     timer = matmul_seconds if op == "matmul" else add_seconds
@@ -77,7 +85,8 @@ def roofline_table(device: str = "cpu", sizes: tuple[int, ...] | None = None, dt
                    ops: tuple[str, ...] = ("matmul",), min_seconds: float = 0.2, max_seconds: float | None = None,
                    copy_mib: int | None = None, clock: str = "auto") -> dict:
     """Every (op, dtype, size) measured on device, plus the measured roofs; returns
-    {"device", "settings", "peaks": {"bandwidth_gbs", "compute_gflops": {dtype: best matmul GFLOP/s}}, "rows", "skipped"}.
+    {"device", "settings", "peaks": {"bandwidth_gbs", "compute_gflops": {dtype: best matmul GFLOP/s}}, "rows",
+    "skipped"}.
 
     max_seconds: once one call of a dtype takes longer than this, its larger sizes are skipped (and listed
     under "skipped"): a format this machine can only emulate can take minutes per matmul.
@@ -97,7 +106,8 @@ def roofline_table(device: str = "cpu", sizes: tuple[int, ...] | None = None, dt
             too_slow = False
             for n in sizes:
                 if too_slow:
-                    skipped.append({"op": op, "dtype": name, "size": n, "why": f"a smaller size took over {max_seconds} s"})
+                    skipped.append({"op": op, "dtype": name, "size": n,
+                                    "why": f"a smaller size took over {max_seconds} s"})
                     continue
                 rows.append(measure(op, n, name, dev, min_seconds, clock))
                 too_slow = max_seconds is not None and rows[-1]["seconds"] > max_seconds
@@ -134,14 +144,16 @@ def format_table(table: dict) -> str:
                      + "".join(f" {d + '/fp32':>10s}" for d in dtypes if d != "fp32"))
         cells = {(r["dtype"], r["size"]): r["gflops"] for r in table["rows"] if r["op"] == op}
         for n in table["settings"]["sizes"]:
-            line = f"{'':7s} {n:5d} " + " ".join(f"{cells[d, n]:13.1f}" if (d, n) in cells else f"{'-':>13s}" for d in dtypes)
+            values = (f"{cells[d, n]:13.1f}" if (d, n) in cells else f"{'-':>13s}" for d in dtypes)
+            line = f"{'':7s} {n:5d} " + " ".join(values)
             for d in dtypes:
                 if d != "fp32":
                     ok = (d, n) in cells and ("fp32", n) in cells
                     line += f" {cells[d, n] / cells['fp32', n]:9.2f}x" if ok else f" {'-':>10s}"
             lines.append(line)
     roofs = ", ".join(f"{d} {g:,.1f}" for d, g in peaks["compute_gflops"].items())
-    lines.append(f"measured roofs: memory {peaks['bandwidth_gbs']:.1f} GB/s (copy of {table['settings']['copy_mib']} MiB); "
+    lines.append(f"measured roofs: memory {peaks['bandwidth_gbs']:.1f} GB/s "
+                 f"(copy of {table['settings']['copy_mib']} MiB); "
                  f"compute (best matmul) GFLOP/s: {roofs}")
     for s in table.get("skipped", []):
         lines.append(f"skipped {s['op']} {s['dtype']} n={s['size']}: {s['why']}")

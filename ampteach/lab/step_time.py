@@ -27,6 +27,11 @@ from ampteach.training.models import mlp
 from ampteach.training.seeding import seed_everything
 from ampteach.training.train import TrainConfig, prepare, train_step
 
+__all__ = [
+    "CAST_OPS", "CATEGORIES", "COLORS", "MATMUL_OPS", "amdahl", "breakdown", "categorize", "make_step",
+    "plot_breakdown", "plot_sweep", "profile_step", "shares", "step_throughput", "width_sweep",
+]
+
 CATEGORIES = ("matmul", "casts", "optimizer", "elementwise & other")
 MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
                         "aten::addmv", "aten::mv"})
@@ -110,7 +115,8 @@ def breakdown(events) -> dict[str, float]:
 
 
 def profile_step(model: nn.Module, data: Preloaded, precision: str = "fp32", batch_size: int = 256,
-                 steps: int = 3, min_seconds: float = 0.3, optimizer: torch.optim.Optimizer | None = None) -> dict[str, float]:
+                 steps: int = 3, min_seconds: float = 0.3,
+                 optimizer: torch.optim.Optimizer | None = None) -> dict[str, float]:
     """Where one training step's time goes, in ms per category (CATEGORIES), plus "total".
 
     Profiles up to `steps` steps after a warm-up step (fewer once min_seconds have passed) and returns the

@@ -24,7 +24,8 @@ def run(args) -> int:
         except DatasetNotFoundError as exc:
             print(exc)
             return 1
-        print(f"the full dataset ({len(ds.train_images):,} training + {len(ds.test_images):,} test images) is in {ds.root}")
+        print(f"the full dataset ({len(ds.train_images):,} training + {len(ds.test_images):,} test images) "
+              f"is in {ds.root}")
         return 0
     print("load_fashion_mnist() looks, in order, at $AMPTEACH_DATA, the user cache "
           f"({cache_root()}), and the course's split bundled with ampteach.")

@@ -25,6 +25,11 @@ import torch
 
 from ampteach.training.machine import cpu_info, cuda_info, onednn_half
 
+__all__ = [
+    "BUSY", "FASTER", "PROBE_ROUNDS", "PROBE_TRIES", "Report", "add_arguments", "collect", "contradicts_hardware",
+    "dataset_status", "format_report", "matmul_speedup", "recommend", "run",
+]
+
 FASTER = 1.1  # a probe ratio above this counts as a speed-up (below it: noise, or slower)
 PROBE_ROUNDS = 5  # interleaved fp32/half rounds per probe; each format keeps its fastest call
 PROBE_TRIES = 3   # probes before a contradiction between the flags and the measurement is called "busy"

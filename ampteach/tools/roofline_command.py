@@ -34,7 +34,8 @@ def run(args) -> int:
         try:
             sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else None
         except ValueError:
-            raise ValueError(f"--sizes must be comma-separated matrix sizes like 256,512,1024, got {args.sizes!r}") from None
+            raise ValueError(f"--sizes must be comma-separated matrix sizes like 256,512,1024, "
+                             f"got {args.sizes!r}") from None
         ops = ("matmul", "add") if args.add else ("matmul",)
         return roofline_table(args.device, sizes, tuple(args.dtypes.split(",")), ops, args.min_seconds,
                               args.max_seconds, clock=args.clock)

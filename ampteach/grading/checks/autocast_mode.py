@@ -23,6 +23,11 @@ from torch import nn
 from ampteach.grading.checks.common import CheckFailed, refusing, same_bits, short
 from ampteach.grading.checks.common import passed as _passed
 
+__all__ = [
+    "BECAUSE", "CPU_ONLY", "REGIONS", "Case", "check_autocast_mode", "check_autocast_mode_hidden", "hidden_cases",
+    "run_cases", "visible_cases",
+]
+
 REGIONS = (("cpu", torch.bfloat16), ("cpu", torch.float16), ("cuda", torch.float16), ("cuda", torch.bfloat16))
 BECAUSE = "the exercise is to cast the inputs yourself, in your mode"
 
@@ -94,7 +99,8 @@ def hidden_cases() -> dict[str, Case]:
 
 @contextlib.contextmanager
 def _own_work() -> Iterator[None]:
-    ampteach_autocast = importlib.import_module("ampteach.amp.autocast")   # the module (ampteach.autocast is also the class)
+    # the module (ampteach.autocast is also the class)
+    ampteach_autocast = importlib.import_module("ampteach.amp.autocast")
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(refusing(torch.amp.autocast_mode.autocast, ("__enter__", "__init__"), BECAUSE))
@@ -195,4 +201,5 @@ def check_autocast_mode_hidden(cls: type) -> None:
     """More ops (out=, in-place, explicit dtypes, stacks of three) and a training step's gradients."""
     compared = run_cases(cls, hidden_cases())
     _training_step(cls)
-    _passed("check_autocast_mode_hidden", f"{compared} more op cases and an MLP training step agree with torch.autocast")
+    _passed("check_autocast_mode_hidden",
+            f"{compared} more op cases and an MLP training step agree with torch.autocast")

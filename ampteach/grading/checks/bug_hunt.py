@@ -23,6 +23,11 @@ from torch import nn
 from ampteach.grading.checks.common import CheckFailed
 from ampteach.grading.checks.common import passed as _passed
 
+__all__ = [
+    "PENALTY", "SETTINGS", "HiddenMLP", "bug_hunt_problem", "check_bug_hunt", "check_bug_hunt_hidden",
+    "reference_loop",
+]
+
 PENALTY = 1e-3   # weight of the activation penalty: the L2 norm of the hidden activations
 
 

@@ -14,6 +14,8 @@ import torch
 from ampteach.grading.checks.common import CheckFailed
 from ampteach.grading.checks.common import passed as _passed
 
+__all__ = ["check_master_step"]
+
 
 def check_master_step(make_master_copies: Callable, master_step: Callable) -> None:
     """make_master_copies(model) -> [(half_param, fp32_copy), ...]; master_step(pairs, optimizer, scaler)
@@ -31,7 +33,8 @@ def check_master_step(make_master_copies: Callable, master_step: Callable) -> No
         pairs = make_master_copies(mine)
         params = list(mine.parameters())
         if not isinstance(pairs, list) or len(pairs) != len(params):
-            raise CheckFailed(f"make_master_copies: expected a list of {len(params)} (half, fp32) pairs, got {pairs!r:.200}")
+            raise CheckFailed(f"make_master_copies: expected a list of {len(params)} (half, fp32) pairs, "
+                              f"got {pairs!r:.200}")
         for i, (p, m) in enumerate(pairs):
             if p is not params[i] or m.dtype != torch.float32 or not m.requires_grad or not torch.equal(m, p.float()):
                 raise CheckFailed(f"make_master_copies, pair {i}: expected (the model's parameter {i}, an fp32 leaf "
@@ -68,5 +71,6 @@ def check_master_step(make_master_copies: Callable, master_step: Callable) -> No
                 if not torch.equal(p, q):
                     raise CheckFailed(f"{case}: model parameter {i} differs from the reference: after the step, "
                                       f"copy the fp32 values back into the half model")
-    _passed("check_master_step", "SGD and AdamW, 5 steps each with an overflow: same fp32 copies, half weights and scale")
+    _passed("check_master_step",
+            "SGD and AdamW, 5 steps each with an overflow: same fp32 copies, half weights and scale")
 

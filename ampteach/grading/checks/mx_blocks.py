@@ -24,6 +24,8 @@ import torch
 from ampteach.grading.checks.common import CheckFailed, refusing
 from ampteach.grading.checks.common import passed as _passed
 
+__all__ = ["BLOCK", "ELEMENTS", "check_mx_quantize", "check_mx_quantize_hidden", "mx_cases", "ocp_reference"]
+
 BLOCK = 32
 # element format -> (exponent bits, mantissa bits, emax: largest exponent of a normal value, largest value)
 ELEMENTS = {
@@ -95,7 +97,8 @@ def _why_exponent(x_block: torch.Tensor, got: int, want: int, elem: str) -> str:
     amax = x_block.abs().max().item()
     emax = ELEMENTS[elem][2]
     if amax > 0 and got == math.floor(torch.log2(torch.tensor(amax, dtype=torch.float32)).item()) - emax != want:
-        return " (log2 in float32 rounds up just below a power of two: read the exponent from the bits, e.g. torch.frexp)"
+        return (" (log2 in float32 rounds up just below a power of two: read the exponent from the bits, "
+                "e.g. torch.frexp)")
     if amax > 0 and got == math.ceil(math.log2(amax / ELEMENTS[elem][3])) != want:
         return " (that is the ceiling rule Transformer Engine uses; OCP's is floor(log2(amax)) - emax)"
     if want == -127 and got < -127:
@@ -119,12 +122,14 @@ def _grade(mx_quantize: Callable, name: str, x: torch.Tensor, elem: str) -> None
         i = tuple(int(v) for v in bad.nonzero()[0])
         block = x.reshape(*x.shape[:-1], -1, BLOCK)[i]
         raise CheckFailed(f"{name}, {elem}: block {i} (amax {block.abs().max().item()!r}) has shared exponent "
-                          f"{int(want_e[i])}, you gave {int(e[i])}" + _why_exponent(block, int(e[i]), int(want_e[i]), elem))
+                          f"{int(want_e[i])}, you gave {int(e[i])}"
+                          + _why_exponent(block, int(e[i]), int(want_e[i]), elem))
     p = p.float()
     wrong = ~((p == want_p) | (torch.isnan(p) & torch.isnan(want_p)))
     if wrong.any():
         i = tuple(int(v) for v in wrong.nonzero()[0])
-        scaled = (x.double().reshape(*x.shape[:-1], -1, BLOCK) * torch.exp2(-want_e.double())[..., None]).reshape(x.shape)[i]
+        blocks = x.double().reshape(*x.shape[:-1], -1, BLOCK)
+        scaled = (blocks * torch.exp2(-want_e.double())[..., None]).reshape(x.shape)[i]
         why = ""
         vmax = ELEMENTS[elem][3]
         if abs(p[i].item()) > vmax or not math.isfinite(p[i].item()):
@@ -144,7 +149,8 @@ def check_mx_quantize(mx_quantize: Callable[[torch.Tensor, str], tuple[torch.Ten
         for elem in ELEMENTS:
             _grade(mx_quantize, name, x, elem)
             n += 1
-    _passed("check_mx_quantize", f"{n} (input, element format) pairs: scales and elements as the OCP MX v1.0 rule gives")
+    _passed("check_mx_quantize",
+            f"{n} (input, element format) pairs: scales and elements as the OCP MX v1.0 rule gives")
 
 
 def check_mx_quantize_hidden(mx_quantize: Callable[[torch.Tensor, str], tuple[torch.Tensor, torch.Tensor]]) -> None:

@@ -20,6 +20,11 @@ import torch
 from ampteach.grading.checks.common import CheckFailed
 from ampteach.grading.checks.common import passed as _passed
 
+__all__ = [
+    "FP16_MAX", "best_scale", "check_flush_and_overflow", "check_static_scale", "check_static_scale_hidden",
+    "gradient_sets", "true_fractions",
+]
+
 FP16_MAX = torch.finfo(torch.float16).max
 
 

@@ -24,6 +24,8 @@ from ampteach.grading.checks.amp_throughput import compare_models, tiny_problem
 from ampteach.grading.checks.common import CheckFailed, short
 from ampteach.grading.checks.common import passed as _passed
 
+__all__ = ["MISTAKES", "check_clip_threshold", "check_clipped_step", "check_tiny_loss"]
+
 # --- (a) a loss over tiny probabilities -----------------------------------------------------------
 
 
@@ -213,7 +215,8 @@ def check_clipped_step(clipped_accum_step: Callable) -> None:
                 except CheckFailed as exc:
                     raise CheckFailed(str(exc) + diagnosis) from None
             if scalers[0].get_scale() != scalers[1].get_scale():
-                raise CheckFailed(f"{case}: expected loss scale {scalers[1].get_scale()}, got {scalers[0].get_scale()}: "
+                raise CheckFailed(f"{case}: expected loss scale {scalers[1].get_scale()}, "
+                                  f"got {scalers[0].get_scale()}: "
                                   f"one scaler.step and one scaler.update per optimizer step, after the last backward")
             steps += 1
     _passed("check_clipped_step", f"{steps} accumulated steps (3 thresholds, 2 and 3 micro-batches): same norms, "
