@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,8 +36,128 @@ GRADED_HERE = [ROOT / "solutions" / f"{name}.ipynb" for name in (
 # --- the generator ---------------------------------------------------------------------------------
 
 def test_exercises_and_grading_copies_are_in_sync_with_solutions():
-    out = subprocess.run([sys.executable, "-m", "ampteach.grading.exercises", "--check"], capture_output=True, text=True)
+    """A learner's answers in exercises/ are reported as theirs and do not fail this; a stale generation does."""
+    out = subprocess.run([sys.executable, "-m", "ampteach.grading.exercises", "--check"],
+                         capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def committed(path: str) -> str | None:
+    """The text of `path` as the checkout's last commit has it (None: not a git checkout, or not committed)."""
+    out = subprocess.run(["git", "show", f"HEAD:{path}"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout if out.returncode == 0 else None
+
+
+def test_the_committed_exercises_are_exactly_what_the_generator_writes(tmp_path):
+    """The last commit's exercises are its solutions' generation, untouched: no hand edit, no answers. (A
+    learner's uncommitted work in exercises/ does not count here; CI tests a clean clone.)"""
+    if committed("pyproject.toml") is None:
+        pytest.skip("not a git checkout: no commit to compare")
+    differ = []
+    for path in SOLUTIONS:
+        solution, shipped = committed(f"solutions/{path.name}"), committed(f"exercises/{path.name}")
+        if solution is None or shipped is None:
+            continue                       # not committed yet
+        (tmp_path / path.name).write_text(solution)
+        if exercises.render(tmp_path / path.name) != shipped:
+            differ.append(path.name)
+    assert not differ, f"committed exercises are not their solutions' generation (regenerate, commit): {differ}"
+
+
+# --- a learner's work in exercises/ is never lost ------------------------------------------------------------
+
+def regenerate(course: Path, *flags: str) -> subprocess.CompletedProcess:
+    """The regeneration command, run on a course folder of its own."""
+    return subprocess.run([sys.executable, "-m", "ampteach.grading.exercises", *flags,
+                           "--solutions", str(course / "solutions"), "--exercises", str(course / "exercises"),
+                           "--checks", str(course / "checks")], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def course(tmp_path) -> Path:
+    """A course folder with one real exercise, generated."""
+    (tmp_path / "solutions").mkdir()
+    name = "build_1_bf16_rounding.ipynb"
+    shutil.copyfile(ROOT / "solutions" / name, tmp_path / "solutions" / name)
+    assert regenerate(tmp_path).returncode == 0
+    return tmp_path
+
+
+def answer(path: Path, code: str = "    return x.to(torch.bfloat16)  # my answer") -> str:
+    """Write a learner's answer into the exercise at `path` and run it (outputs saved); return the file's text."""
+    nb = nbformat.read(path, as_version=4)
+    cell = next(c for c in nb.cells if "raise NotImplementedError()" in c.source)
+    cell.source = cell.source.replace("    raise NotImplementedError()", code)
+    cell.execution_count = 7
+    cell.outputs = [nbformat.v4.new_output("stream", text="passed check_round_to_bf16: ...")]
+    nb.metadata["language_info"] = {"name": "python", "version": "3.12.1"}     # JupyterLab's own touch
+    nbformat.write(nb, path)
+    return path.read_text()
+
+
+def change_the_course(course: Path) -> None:
+    path = course / "solutions" / "build_1_bf16_rounding.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[0].source += "\n\nA sentence the course added later."
+    nbformat.write(nb, path)
+
+
+def test_a_learners_answers_survive_every_regeneration_command(course):
+    mine = course / "exercises" / "build_1_bf16_rounding.ipynb"
+    work = answer(mine)
+    for flags in [(), ("--check",)]:                       # the exercise itself has not changed: all is in sync
+        out = regenerate(course, *flags)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "your own work" in out.stdout and "exercises/build_1_bf16_rounding.ipynb: code cell [" in out.stdout
+        assert "out of date" not in out.stdout and mine.read_text() == work
+
+    change_the_course(course)                              # now the course changed too: refused, not overwritten
+    for flags in [("--check",), ()]:
+        out = regenerate(course, *flags)
+        assert out.returncode == 1 and mine.read_text() == work, out.stdout
+    assert "NOT regenerated" in out.stdout and "ampteach start" in out.stdout and "--force" in out.stdout
+    assert "exercises/build_1_bf16_rounding.ipynb" in out.stdout
+
+    out = regenerate(course, "--force")                    # forced: the new version, and the learner's beside it
+    kept = course / "exercises" / "build_1_bf16_rounding.yours.ipynb"
+    assert out.returncode == 0 and kept.read_text() == work, out.stdout
+    assert "A sentence the course added later" in mine.read_text() and "raise NotImplementedError()" in mine.read_text()
+    assert "build_1_bf16_rounding.yours.ipynb" in out.stdout
+    out = regenerate(course)                               # the kept copy is the learner's: never deleted
+    assert out.returncode == 0 and kept.read_text() == work, out.stdout
+    assert regenerate(course, "--check").returncode == 0
+
+
+def test_running_an_exercise_is_not_a_change_but_a_stale_generation_is_rewritten(course):
+    mine = course / "exercises" / "build_1_bf16_rounding.ipynb"
+    nb = nbformat.read(mine, as_version=4)
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", text="ran")]
+    nb.cells[1].execution_count = 1
+    nbformat.write(nb, mine)
+    ran = mine.read_text()
+    out = regenerate(course, "--check")
+    assert out.returncode == 0 and "your own work" not in out.stdout, out.stdout
+    assert regenerate(course).returncode == 0 and mine.read_text() == ran     # its outputs are left too
+
+    change_the_course(course)                                                 # untouched cells: simply out of date
+    out = regenerate(course, "--check")
+    assert out.returncode == 1 and "out of date" in out.stdout and "your own work" not in out.stdout, out.stdout
+    assert regenerate(course).returncode == 0
+    assert "A sentence the course added later" in mine.read_text()
+
+
+def test_only_untouched_exercises_of_a_removed_solution_are_deleted(course):
+    notes = course / "exercises" / "my_notes.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]), notes)
+    shutil.copyfile(course / "solutions" / "build_1_bf16_rounding.ipynb", course / "solutions" / "other.ipynb")
+    assert regenerate(course).returncode == 0
+    other = course / "exercises" / "other.ipynb"
+    answer(course / "exercises" / "build_1_bf16_rounding.ipynb")
+    (course / "solutions" / "build_1_bf16_rounding.ipynb").unlink()
+    (course / "solutions" / "other.ipynb").unlink()
+    assert regenerate(course).returncode == 0
+    assert not other.exists()                                                # generated, untouched: removed
+    assert notes.is_file() and (course / "exercises" / "build_1_bf16_rounding.ipynb").is_file()
 
 
 def test_solution_regions_become_stubs_keeping_indentation_and_hidden_checks_vanish():
@@ -120,14 +241,18 @@ def test_every_solution_has_a_grading_copy_in_the_package_and_the_wheel_ships_it
     assert known_exercises() == sorted(p.stem for p in SOLUTIONS)
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     shipped = config["tool"]["setuptools"]["package-data"]["ampteach"]
-    assert "exercise_checks/*.json" in shipped
+    assert "grading/exercise_checks/*.json" in shipped
 
 
 # --- exercises and solutions, graded -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def untouched():
-    return {sub.exercise: sub for sub in grade_all([str(ROOT / "exercises")], timeout=300, jobs=2)}
+def untouched(tmp_path_factory):
+    """Every exercise as the generator writes it (not exercises/, where a learner's answers may be), graded."""
+    folder = tmp_path_factory.mktemp("untouched")
+    for name, text in exercises.learner_notebooks(ROOT / "solutions").items():
+        (folder / name).write_text(text)
+    return {sub.exercise: sub for sub in grade_all([str(folder)], timeout=300, jobs=2)}
 
 
 @pytest.mark.slow
@@ -141,7 +266,8 @@ def test_untouched_exercise_fails_every_check_for_the_intended_reason(untouched,
     for note in sub.notes:                                           # setup cells ran; demos of the
         assert "NotImplementedError" in note, report                 # learner's code wait for it
     for c in sub.checks:
-        assert not re.match(r"(ImportError|ModuleNotFoundError|NameError|SyntaxError|AttributeError)", c.message), report
+        broken = r"(ImportError|ModuleNotFoundError|NameError|SyntaxError|AttributeError)"
+        assert not re.match(broken, c.message), report
         if path.stem not in STARTS_FROM_CODE:
             assert c.message.startswith("NotImplementedError"), report
     assert sum("(hidden)" in c.check for c in sub.checks) == sum(c["hidden"] for c in copy["checks"]), report
