@@ -16,9 +16,9 @@ import json
 from pathlib import Path
 
 from ampteach import course_split, load_fashion_mnist, preload
-from ampteach.tools.doctor import collect
 from ampteach.lab.roofline import format_table, roofline_table, speedups
 from ampteach.lab.step_time import width_sweep
+from ampteach.tools.doctor import collect
 
 MATMUL_TARGET, TRAIN_TARGET = 3.0, 1.5
 
@@ -36,11 +36,13 @@ def main() -> int:
     print(format_table(table))
     rows = width_sweep((256, 1024, 2048, 4096), preload(course_split(load_fashion_mnist())), clock=args.clock)
     for r in rows:
-        print(f"W={r['width']:5d} {r['precision']}: {r['samples_per_s']:10,.0f} samples/s ({r['speedup_vs_fp32']:.2f}x)")
+        print(f"W={r['width']:5d} {r['precision']}: {r['samples_per_s']:10,.0f} samples/s "
+              f"({r['speedup_vs_fp32']:.2f}x)")
     matmul = speedups(table).get("bf16", {}).get(2048)
     train = next(r["speedup_vs_fp32"] for r in rows if r["width"] == 2048 and r["precision"] == "bf16")
     if args.out:
-        sweep = {"settings": {"model": "mlp:W,W", "batch_size": 256, "optimizer": "adamw", "clock": args.clock}, "rows": rows}
+        settings = {"model": "mlp:W,W", "batch_size": 256, "optimizer": "adamw", "clock": args.clock}
+        sweep = {"settings": settings, "rows": rows}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"roofline": table, "sweep": sweep}, indent=2) + "\n")
     if not report.cpu_flags.get("amx_bf16"):

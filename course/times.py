@@ -37,7 +37,8 @@ def _seconds(cell: dict) -> float:
 
 def _lines_to_write(source: str) -> int:
     blocks = re.findall(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", source, flags=re.S)
-    return sum(1 for block in blocks for line in block.splitlines() if line.strip() and not line.strip().startswith("#"))
+    return sum(1 for block in blocks for line in block.splitlines()
+               if line.strip() and not line.strip().startswith("#"))
 
 
 def estimate(path: Path) -> dict:

@@ -18,12 +18,14 @@ STEPS, INJECT_AT, INJECT_RANK = 6, 3, 1
 
 @pytest.mark.slow
 def test_two_ranks_agree_and_both_skip_an_inf_injected_on_one_rank_before_the_all_reduce():
-    job = launch("--steps", str(STEPS), "--inject-inf", str(INJECT_AT), "--inject-rank", str(INJECT_RANK), "--log-steps")
+    job = launch("--steps", str(STEPS), "--inject-inf", str(INJECT_AT), "--inject-rank", str(INJECT_RANK),
+                 "--log-steps")
     assert sorted(job.final) == [0, 1], "one final line per rank"
     assert job.final[0] == job.final[1], f"the ranks disagree: {job.final}"
     assert len(job.steps) == 2 * STEPS
     for s in range(STEPS):
-        assert job.steps[0, s] == job.steps[1, s], f"step {s}: the ranks disagree: {job.steps[0, s]} vs {job.steps[1, s]}"
+        assert job.steps[0, s] == job.steps[1, s], \
+            f"step {s}: the ranks disagree: {job.steps[0, s]} vs {job.steps[1, s]}"
     assert job.skipped(0) == [INJECT_AT], "rank 0 skips the step whose inf came from rank 1, and only that one"
     _, scale_before, weights_before = job.steps[0, INJECT_AT - 1]
     _, scale_after, weights_after = job.steps[0, INJECT_AT]
@@ -57,7 +59,8 @@ def test_accumulation_with_no_sync_reduces_once_per_step_and_an_inf_in_a_quiet_m
     assert quiet.skipped(0) == quiet.skipped(1) == [1], "the inf waited in rank 1's local sum, then reached rank 0"
     assert quiet.final[0] == quiet.final[1]
     # the same job without the fault, with and without no_sync: the same steps, one all-reduce vs four per step
-    runs = {sync: launch("--steps", "3", "--accumulate", "4", "--log-steps", *(["--sync-each-micro-batch"] if sync else []))
+    runs = {sync: launch("--steps", "3", "--accumulate", "4", "--log-steps",
+                         *(["--sync-each-micro-batch"] if sync else []))
             for sync in (False, True)}
     assert runs[False].all_reduces == {0: 3, 1: 3} and runs[True].all_reduces == {0: 12, 1: 12}
     for job in runs.values():
@@ -69,7 +72,8 @@ def test_accumulation_with_no_sync_reduces_once_per_step_and_an_inf_in_a_quiet_m
 @pytest.mark.slow
 def test_fsdp2_shards_fp32_masters_and_both_ranks_skip_an_inf_in_one_shard():
     job = launch("--fsdp", "--impl", "torch", "--steps", "4", "--inject-inf", "2", "--inject-rank", "1", "--log-steps")
-    assert "rank 0: holds (32, 784) of 1.weight (64, 784), stored as torch.float32, computed in torch.float16" in job.text
+    assert ("rank 0: holds (32, 784) of 1.weight (64, 784), stored as torch.float32, computed in torch.float16"
+            in job.text)
     assert 2 in job.skipped(0) and job.skipped(0) == job.skipped(1)
     assert job.final[0] == job.final[1]
     assert not job.all_reduces, "FSDP2 reduce-scatters; the DDP all-reduce counter is not used"

@@ -140,8 +140,9 @@ def test_the_cycle_check_sees_a_cycle_made_by_a_lazy_import():
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_no_module_longer_than_a_sitting(name):
     lines = len(MODULES[name].read_text().splitlines())
-    assert lines <= MAX_LINES, f"{MODULES[name].relative_to(PACKAGE.parent)} has {lines} lines (at most {MAX_LINES}): " \
-                               f"split it along a seam, the readable contract first and the machinery beside it"
+    where = MODULES[name].relative_to(PACKAGE.parent)
+    assert lines <= MAX_LINES, (f"{where} has {lines} lines (at most {MAX_LINES}): split it along a seam, "
+                                f"the readable contract first and the machinery beside it")
 
 
 def test_the_layout_is_written_down():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -126,7 +128,8 @@ def test_half_activations_take_half_the_bytes():
         model = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, HIDDEN))
         master, opt, scaler = prepare(model, config)
         x, y = batch(n=4)
-        saved[label] = measure_step(lambda: train_step(model, x, y, opt, scaler, config, master=master), model).saved
+        step = functools.partial(train_step, model, x, y, opt, scaler, config, master=master)
+        saved[label] = measure_step(step, model).saved
     # Saved: the input (fp32, or its half copy), then the fp32 log-softmax output, the int64 targets
     # and cross_entropy's 0-d fp32 total weight; O2's GradScaler adds its 0-d fp32 scale (loss * S).
     tail = FP32 * 4 * HIDDEN + INT64 * 4 + FP32

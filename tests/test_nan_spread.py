@@ -49,7 +49,8 @@ def test_unchecked_one_weight_then_nearly_all(data):
 
 
 @pytest.mark.parametrize("options", [dict(precision="bf16", skip_nonfinite=True), dict(precision="fp16", impl="torch"),
-                                     dict(precision="fp16", impl="ampteach")], ids=["bf16-check", "fp16-torch", "fp16-ampteach"])
+                                     dict(precision="fp16", impl="ampteach")],
+                         ids=["bf16-check", "fp16-torch", "fp16-ampteach"])
 def test_a_guarded_run_skips_the_poisoned_step_and_stays_finite(data, options):
     spread = trace_nan_spread(fresh(), data, TrainConfig(progress=False, **options), poison_step=2, steps=5)
     assert spread.skipped == [False, False, True, False, False]

@@ -81,7 +81,8 @@ def test_readme_quickstart_is_exactly_two_commands_install_and_test():
 
 def test_ci_installs_cpu_torch_then_the_readme_install_then_runs_the_readme_test_command():
     install, test = readme_quickstart_commands()
-    lines = [l.strip() for l in (ROOT / ".ci/run").read_text().splitlines() if l.strip() and not l.strip().startswith("#")]
+    lines = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()
+             if line.strip() and not line.strip().startswith("#")]
     pip_torch = lines.index("python -m pip install --quiet torch==2.13.0")
     pip_project = lines.index("python -m pip install --quiet " + install.split(" && ")[0].removeprefix("pip install "))
     assert pip_torch < pip_project
@@ -95,9 +96,10 @@ def test_every_exported_name_resolves_and_every_module_imports():
     for name in ampteach.__all__:
         value = getattr(ampteach, name)
         assert not isinstance(value, type(ampteach)), f"ampteach.{name} is a module, not the thing it names"
-    for path in sorted((ROOT / "ampteach").glob("*.py")):
-        if path.stem != "__main__":
-            importlib.import_module(f"ampteach.{path.stem}")
+    for path in sorted((ROOT / "ampteach").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] != "__main__":
+            importlib.import_module(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
 
 
 def test_empty_top_level_folders_say_what_lives_there():

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ampteach.lab import roofline
+from ampteach.training import machine
 
 matplotlib.use("Agg")
 ROW_KEYS = {"op", "dtype", "size", "gflops", "intensity", "seconds"}
@@ -46,7 +47,8 @@ def test_the_roofs_are_the_best_matmul_and_a_copy(table):
     peaks = data["peaks"]
     assert peaks["bandwidth_gbs"] > 0
     for d in ("fp32", "bf16", "fp16"):
-        assert peaks["compute_gflops"][d] == max(r["gflops"] for r in data["rows"] if r["op"] == "matmul" and r["dtype"] == d)
+        measured = [r["gflops"] for r in data["rows"] if r["op"] == "matmul" and r["dtype"] == d]
+        assert peaks["compute_gflops"][d] == max(measured)
     assert roofline.ridge_point(peaks, "fp32") == peaks["compute_gflops"]["fp32"] / peaks["bandwidth_gbs"]
 
 
@@ -76,8 +78,8 @@ def test_speedups_divide_by_fp32_at_the_same_size(table):
 
 def test_best_seconds_keeps_the_fastest_call_and_times_a_slow_call_once(monkeypatch):
     clock = [0.0]
-    monkeypatch.setattr(roofline.time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(roofline.time, "thread_time", lambda: clock[0])
+    monkeypatch.setattr(machine.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(machine.time, "thread_time", lambda: clock[0])
 
     def calls_taking(*durations):
         it = iter(durations)
@@ -89,12 +91,14 @@ def test_best_seconds_keeps_the_fastest_call_and_times_a_slow_call_once(monkeypa
         return fn, calls
 
     slow, calls = calls_taking(0.5, 0.1, 0.1)
-    assert roofline.best_seconds(slow, min_seconds=0.2) == pytest.approx(0.5) and len(calls) == 1  # timed once, warm-up included
+    # timed once, warm-up included
+    assert machine.best_seconds(slow, min_seconds=0.2) == pytest.approx(0.5) and len(calls) == 1
     fast, calls = calls_taking(0.09, 0.04, 0.01, 0.03, 0.05, 0.06, 0.07, 0.08)
-    assert roofline.best_seconds(fast, min_seconds=0.1) == pytest.approx(0.01)  # the fastest after the warm-up call
+    assert machine.best_seconds(fast, min_seconds=0.1) == pytest.approx(0.01)  # the fastest after the warm-up call
     assert len(calls) == 5  # warm-up, then calls until 0.1 s were spent (0.04 + 0.01 + 0.03 + 0.05)
     fast, calls = calls_taking(0.001, 0.3, 0.2, 0.1, 0.9)
-    assert roofline.best_seconds(fast, min_seconds=0.1) == pytest.approx(0.1) and len(calls) == 4  # at least 3 timed calls
+    # at least 3 timed calls
+    assert machine.best_seconds(fast, min_seconds=0.1) == pytest.approx(0.1) and len(calls) == 4
 
 
 def test_max_seconds_skips_the_larger_sizes_of_a_slow_format():
@@ -132,15 +136,16 @@ def test_cpu_clock_needs_one_thread():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        table = roofline.roofline_table("cpu", sizes=(8, 16), dtypes=("fp32",), min_seconds=0.001, copy_mib=1, clock="cpu")
+        table = roofline.roofline_table("cpu", sizes=(8, 16), dtypes=("fp32",), min_seconds=0.001, copy_mib=1,
+                                        clock="cpu")
         assert table["settings"]["clock"] == "cpu" and all(r["gflops"] > 0 for r in table["rows"])
         assert "timed by CPU time" in roofline.format_table(table)
         torch.set_num_threads(2)
         with pytest.raises(ValueError, match="set_num_threads"):
-            roofline.best_seconds(lambda: None, clock="cpu")
+            machine.best_seconds(lambda: None, clock="cpu")
     finally:
         torch.set_num_threads(threads)
     with pytest.raises(ValueError, match="'auto', 'wall' or 'cpu'"):
-        roofline.best_seconds(lambda: None, clock="gpu")
-    assert roofline.resolve_clock("auto", "cpu") == ("cpu" if torch.get_num_threads() == 1 else "wall")
-    assert roofline.resolve_clock("auto", "cuda") == "wall"
+        machine.best_seconds(lambda: None, clock="gpu")
+    assert machine.resolve_clock("auto", "cpu") == ("cpu" if torch.get_num_threads() == 1 else "wall")
+    assert machine.resolve_clock("auto", "cuda") == "wall"

@@ -1,4 +1,5 @@
-"""ampteach.lab.step_time: the width sweep's rows, the profiler breakdown's categories, and Amdahl's law (tiny models)."""
+"""ampteach.lab.step_time: the width sweep's rows, the profiler breakdown's categories, and Amdahl's law (tiny
+models)."""
 
 from __future__ import annotations
 
