@@ -13,6 +13,7 @@ measurements share. Timing keeps the fastest call:
 from __future__ import annotations
 
 import platform
+import re
 import time
 from pathlib import Path
 from typing import Callable
@@ -20,10 +21,11 @@ from typing import Callable
 import torch
 
 __all__ = ["CPU_HALF_FLAGS", "best_seconds", "cpu_info", "cuda_info", "describe_device", "machine_line",
-           "native_cuda_bf16", "onednn_half", "resolve_clock", "resolve_device", "sync"]
+           "machine_tag", "native_cuda_bf16", "onednn_half", "resolve_clock", "resolve_device", "sync"]
 
 CPU_HALF_FLAGS = ("avx512_bf16", "amx_bf16", "amx_fp16", "avx512_fp16")
-FLAG_NAMES = {"avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16", "amx_fp16": "AMX-FP16", "avx512_fp16": "AVX512-FP16"}
+FLAG_NAMES = {"avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16", "amx_fp16": "AMX-FP16",
+              "avx512_fp16": "AVX512-FP16"}
 
 
 def cpu_info() -> tuple[str, dict[str, bool] | None]:
@@ -108,9 +110,9 @@ def resolve_clock(clock: str, device: str = "cpu") -> str:
         raise ValueError(f"clock must be 'auto', 'wall' or 'cpu', got {clock!r}")
     one_thread = device == "cpu" and torch.get_num_threads() == 1
     if clock == "cpu" and not one_thread:
-        raise ValueError(f"clock='cpu' counts the calling thread only, but torch uses {torch.get_num_threads()} threads "
-                         f"on {device!r}: call torch.set_num_threads(1) (or set OMP_NUM_THREADS=1) and use the CPU, "
-                         f"or time with clock='wall'")
+        raise ValueError(f"clock='cpu' counts the calling thread only, but torch uses {torch.get_num_threads()} "
+                         f"threads on {device!r}: call torch.set_num_threads(1) (or set OMP_NUM_THREADS=1) and use "
+                         f"the CPU, or time with clock='wall'")
     return clock if clock != "auto" else ("cpu" if one_thread else "wall")
 
 
@@ -156,3 +158,21 @@ def machine_line(device: str = "cpu") -> str:
         half = "native half: unknown"
     threads = torch.get_num_threads()
     return f"{name} | {half} | {threads} thread{'s' if threads != 1 else ''} | torch {torch.__version__}"
+
+
+def machine_tag(device: str = "cpu") -> str:
+    """A file name for this machine's measurements: "cuda-nvidia-h100-80gb-hbm3", "cpu-intel-xeon-avx512-bf16".
+
+    The GPU's name on CUDA; on a CPU its vendor and family and its best native half-precision instruction set."""
+    if device == "cuda":
+        name = cuda_info()["name"] if torch.cuda.is_available() else "unknown-gpu"
+    else:
+        cpu, flags = cpu_info()
+        words = [w for w in re.split(r"[^a-z0-9]+", cpu.lower()) if w and w not in _MARKETING]
+        best = next((FLAG_NAMES[f] for f in ("amx_bf16", "avx512_bf16", "avx512_fp16") if (flags or {}).get(f)),
+                    "no native half")
+        name = " ".join(words[:3] + [best.lower()])
+    return f"{device}-" + "-".join(w for w in re.split(r"[^a-z0-9]+", name.lower()) if w)
+
+
+_MARKETING = {"r", "tm", "processor", "cpu", "with", "radeon", "graphics", "core", "ghz"}
