@@ -6,6 +6,7 @@
     ampteach data [download]         # where the dataset comes from; fetch the full one on request
     ampteach roofline --device cpu   # matmul GFLOP/s in fp32, bf16, fp16 against this machine's measured roofs
     ampteach site --out site/        # the course as a static website (stored outputs), then open site/index.html
+    ampteach export nbgrader DIR     # the exercises as an nbgrader course (or `otter DIR`: Otter master notebooks)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ COMMANDS = {
     "data": "ampteach.tools.data_command",
     "roofline": "ampteach.tools.roofline_command",
     "site": "ampteach.tools.website",
+    "export": "ampteach.tools.export_command",
 }
 
 
