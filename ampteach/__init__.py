@@ -56,6 +56,9 @@ from ampteach.lab.step_time import amdahl, profile_step, width_sweep
 from ampteach.amp.fp8 import DelayedScaling, Float8Linear, convert_to_float8_training, quantize_tensorwise
 from ampteach.amp.mx import MXTensor, mx_dequantize, mx_quantize
 
+# lesson 10: accumulation precision (a matmul's running sum kept to fewer bits)
+from ampteach.amp.accumulator import emulated_matmul
+
 # old module paths (ampteach.checks, ...) still import, with a warning
 from ampteach import _moved
 
@@ -75,4 +78,5 @@ __all__ = [
     "plot_roofline", "roofline_table", "amdahl", "profile_step", "width_sweep",
     "DelayedScaling", "Float8Linear", "convert_to_float8_training", "quantize_tensorwise", "MXTensor",
     "mx_dequantize", "mx_quantize",
+    "emulated_matmul",
 ]
