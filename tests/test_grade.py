@@ -1,15 +1,15 @@
 """`ampteach grade` with a class: only honest work scores, every submission gets rows, nothing hangs.
 
-A folder of submissions of one small exercise (build 2): an honest one, a blank one, ones that
-redefine, delete, edit or monkeypatch the check, or hide errors from the kernel, an endless loop,
-a corrupt file and an unknown notebook. The plan that puts the course's check cells back is tested
-without a kernel.
+A folder of submissions of one small exercise (build 2): an honest one (beside a folder named
+`ampteach` that is not the course's package), a blank one, ones that redefine, delete, edit or
+monkeypatch the check, or hide errors from the kernel, an endless loop, a corrupt file and an unknown
+notebook. The plan that puts the course's check cells back is tested without a kernel; a failed check
+shown in a notebook, in a real kernel.
 """
 
 from __future__ import annotations
 
 import csv
-import shutil
 import subprocess
 import sys
 import time
@@ -18,8 +18,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from ampteach.grading import exercises
 from ampteach.grading.autograde import OUTPUT_PATIENCE, course_copy, plan_cells
-from ampteach.grading.grade import CSV_COLUMNS, RESULTS, CheckResult, Submission, format_grade
+from ampteach.grading.grade import CSV_COLUMNS, RESULTS, TOTAL, CheckResult, Submission, format_grade
 
 ROOT = Path(__file__).parents[1]
 EXERCISE = "build_2_loss_scale_update"
@@ -27,7 +28,8 @@ TIMEOUT = 30   # seconds a cell may run: an honest check needs a few, the endles
 
 
 def exercise() -> nbformat.NotebookNode:
-    return nbformat.read(ROOT / "exercises" / f"{EXERCISE}.ipynb", as_version=4)
+    """The exercise as the generator writes it (exercises/ may hold a learner's answers)."""
+    return nbformat.reads(exercises.render(ROOT / "solutions" / f"{EXERCISE}.ipynb"), as_version=4)
 
 
 def answer_cell(nb) -> nbformat.NotebookNode:
@@ -56,7 +58,9 @@ def submissions(folder: Path) -> dict[str, str]:
     nb = exercise()
     answer_cell(nb).source = honest_answer()
     nb.metadata.pop("ampteach")          # found by its file name instead
-    write("honest", nb, "the solution, metadata removed")
+    write("honest", nb, "the solution, metadata removed, beside a folder named ampteach")
+    (folder / "honest" / "ampteach").mkdir()    # e.g. a clone of the course: must not stand in for the package
+    (folder / "honest" / "ampteach" / "__init__.py").write_text('raise ImportError("not the course package")\n')
 
     write("blank", exercise(), "untouched")
 
@@ -108,9 +112,11 @@ def gradebook(tmp_path_factory):
 
 
 def by_learner(rows: list[dict]) -> dict[str, list[dict]]:
+    """The check rows of each learner (their total row apart)."""
     found: dict[str, list[dict]] = {}
     for row in rows:
-        found.setdefault(Path(row["submission"]).parent.name, []).append(row)
+        if row["result"] != TOTAL:
+            found.setdefault(row["learner"], []).append(row)
     return found
 
 
@@ -129,20 +135,47 @@ def test_only_the_honest_submission_scores(gradebook):
 
 
 @pytest.mark.slow
+def test_grading_beside_a_folder_named_ampteach_uses_the_installed_package(gradebook):
+    made, out, rows, _ = gradebook
+    honest = by_learner(rows)["honest"]
+    assert [r["result"] for r in honest] == ["passed", "passed"], (honest, out.stdout + out.stderr)
+    assert "not the course package" not in out.stdout + out.stderr
+
+
+@pytest.mark.slow
 def test_every_submission_has_rows_with_the_gradebook_columns(gradebook):
     made, out, rows, _ = gradebook
     assert rows and list(rows[0]) == list(CSV_COLUMNS)
-    assert all(r["result"] in RESULTS for r in rows)
+    assert all(r["result"] in RESULTS + (TOTAL,) for r in rows)
     learners = by_learner(rows)
     for learner in made:
         assert learners[learner], learner
+        assert all(Path(r["submission"]).parent.name == learner for r in learners[learner])
     assert {r["result"] for r in learners["corrupt"]} == {"unreadable"}
+    assert [r["exercise"] for r in learners["corrupt"]] == [EXERCISE]       # named by its file name
+    assert [r["checks"] for r in learners["corrupt"]] == ["2"]              # its exercise's checks, not passed
     assert {r["result"] for r in learners["stranger"]} == {"unreadable"}
+    assert [r["exercise"] for r in learners["stranger"]] == ["my_notes.ipynb"]
     assert {r["result"] for r in learners["endless"]} == {"timeout"}
     deleted = learners["deletes"]
     assert len(deleted) == 2 and all(r["result"] == "failed" for r in deleted)
     assert any("restored" in r["check"] for r in deleted)     # put back, run, and failed on its merits
     assert any("replaced by code from your notebook" in r["message"] for r in learners["patches"])
+
+
+@pytest.mark.slow
+def test_the_gradebook_has_one_total_per_learner(gradebook):
+    made, _, rows, _ = gradebook
+    totals = {r["learner"]: r for r in rows if r["result"] == TOTAL}
+    assert rows[-len(totals):] == list(totals.values())                    # after every check row
+    assert set(totals) == set(made)
+    for learner, own in by_learner(rows).items():
+        total = totals[learner]
+        assert int(total["passed"]) == sum(int(r["passed"]) for r in own) == sum(r["result"] == "passed" for r in own)
+        assert int(total["checks"]) == sum(int(r["checks"]) for r in own)
+    assert (totals["honest"]["passed"], totals["honest"]["checks"]) == ("2", "2")
+    assert "all complete" in totals["honest"]["message"] and EXERCISE in totals["blank"]["message"]
+    assert (totals["corrupt"]["passed"], totals["corrupt"]["checks"]) == ("0", "2")
 
 
 @pytest.mark.slow
@@ -194,7 +227,8 @@ def test_a_notebook_without_cell_ids_still_gets_its_checks_back():
 
 
 def test_failure_messages_are_printed_in_full_wrapped():
-    long = "CheckFailed: " + " ".join(f"word{i}" for i in range(80)) + " expected 1.0, got 2.0 (clip AFTER scaler.unscale_)"
+    long = ("CheckFailed: " + " ".join(f"word{i}" for i in range(80))
+            + " expected 1.0, got 2.0 (clip AFTER scaler.unscale_)")
     sub = Submission(Path("alice/x.ipynb"), "alice", "x", [CheckResult("check_x, cell [3]", "failed", long)])
     text = format_grade(sub)
     assert "word79 expected 1.0, got 2.0 (clip AFTER scaler.unscale_)" in " ".join(text.split())
@@ -203,7 +237,7 @@ def test_failure_messages_are_printed_in_full_wrapped():
 
 def test_grading_works_from_another_directory(tmp_path):
     nb_path = tmp_path / "mine.ipynb"
-    shutil.copyfile(ROOT / "exercises" / f"{EXERCISE}.ipynb", nb_path)
+    nbformat.write(exercise(), nb_path)
     planned, _ = plan_cells(nbformat.read(nb_path, as_version=4), course_copy(EXERCISE))
     assert any(p.label for p in planned)
 
@@ -218,3 +252,27 @@ def test_notebook_cells_wait_patiently_for_output_on_a_busy_machine():
     args = [str(ROOT / "solutions" / f"{EXERCISE}.ipynb"), "--collect-only", "-q", "-p", "ampteach.grading.autograde"]
     assert pytest.main(args, plugins=[Probe()]) == 0
     assert seen and set(seen) == {OUTPUT_PATIENCE}
+
+
+# --- a failed check, as a learner sees it in the notebook ------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_failed_check_in_a_notebook_shows_its_message_with_the_traceback_folded():
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("import torch\nfrom ampteach.grading.checks import check_round_to_bf16"),
+        nbformat.v4.new_code_cell("def round_to_bf16(x):\n    return x.view(torch.int32).bitwise_and(-65536)"
+                                  ".view(torch.float32)   # truncates: wrong on ties and above\n"
+                                  "check_round_to_bf16(round_to_bf16)"),
+        nbformat.v4.new_code_cell("1 / 0   # any other error keeps its full traceback")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbclient.NotebookClient(nb, timeout=300, allow_errors=True).execute()
+    folded, error = nb.cells[1].outputs[-2:]
+    assert (error.output_type, error.ename) == ("error", "CheckFailed")
+    assert len(error.traceback) == 1 and error.evalue in error.traceback[0]      # the message, nothing else
+    html = folded.data["text/html"]
+    assert folded.output_type == "display_data" and html.startswith("<details") and "<summary>" in html
+    assert "check_round_to_bf16 failed" in html and "Traceback" in html           # the traceback, folded
+    assert sum(o.output_type == "display_data" for o in nb.cells[1].outputs) == 1
+    other = nb.cells[2].outputs[-1]
+    assert other.ename == "ZeroDivisionError" and len(other.traceback) > 1

@@ -2,7 +2,7 @@
 
     copy = course_copy("build_2_loss_scale_update")          # shipped in ampteach/grading/exercise_checks/
     planned, notes = plan_cells(learner_nb, copy, ledger)    # the learner's cells + the course's checks
-    results = run_cells([p.cell for p in planned], cwd, timeout=120, tmp=folder)   # {cell: (result, message)}
+    results = run_cells([p.cell for p in planned], metadata, timeout=120, tmp=folder)   # {cell: (result, message)}
 
 As nbgrader's autograder overwrites its test cells, every check cell is replaced by the course's own
 (an edited one included), a deleted one is put back after the nearest course cell the notebook still
@@ -12,7 +12,9 @@ as its last line, notes its cell id in a ledger file with a fresh random name: a
 when nbval saw no error AND the ledger has its note, because a kernel interrupted in the middle of
 an import can fail a later cell without sending the error.
 
-nbval runs each code cell as a test. A warm-up cell first imports torch and ampteach with its own
+nbval runs each code cell as a test, in a fresh temporary folder (pytest and the kernel both start
+there), so nothing beside the learner's notebook (a folder named `ampteach`, a clone of the course)
+can stand in for the installed package. A warm-up cell first imports torch and ampteach with its own
 time limit, so a busy machine does not spend a learner's cell limit on imports; a cell that runs
 past its limit is interrupted and the next cells still run (nbval would mark them xfail). This
 module is also a pytest plugin (`-p ampteach.grading.autograde`, and the course's conftest loads it) for
@@ -37,6 +39,9 @@ import pytest
 
 from ampteach.grading.exercises import check_functions
 
+__all__ = ["known_exercises", "course_copy", "which_exercise", "exercise_from_name", "plan_cells", "run_cells",
+           "CellOutcome", "autograde", "OUTPUT_PATIENCE", "WARMUP"]
+
 _CELL_TIMEOUT = pytest.StashKey[float]()
 ANSI = re.compile(r"(?:\x1b|#x1B)\[[0-9;]*m")
 EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Failed|Interrupt|Exit)): ?(.*)$", re.M)
@@ -53,7 +58,8 @@ WARMUP_TIMEOUT = 600.0
 def pytest_addoption(parser) -> None:
     group = parser.getgroup("nbval")
     group.addoption("--nbval-keep-going", action="store_true", default=False,
-                    help="after a cell times out and is interrupted, run the next cells as usual (nbval marks them xfail)")
+                    help="after a cell times out and is interrupted, run the next cells as usual "
+                         "(nbval marks them xfail)")
     group.addoption("--nbval-warmup-timeout", type=float, default=None,
                     help="seconds the notebook's first cell may run (the grader's import warm-up), instead of "
                          "--nbval-cell-timeout")
@@ -95,11 +101,14 @@ def course_copy(exercise: str) -> dict:
 
 def which_exercise(nb: nbformat.NotebookNode, path: Path) -> str | None:
     """The exercise a notebook is: its metadata, else its file name (alice_build_2_loss_scale_update.ipynb works)."""
-    known = known_exercises()
     named = nb.metadata.get("ampteach", {}).get("exercise") if isinstance(nb.metadata.get("ampteach"), dict) else None
-    if named in known:
-        return named
-    stem = path.stem
+    return named if named in known_exercises() else exercise_from_name(path)
+
+
+def exercise_from_name(path: Path) -> str | None:
+    """The exercise a file's name says it is: NAME.ipynb, alice_NAME.ipynb, NAME.yours.ipynb; None if none."""
+    known = known_exercises()
+    stem = Path(path).name.removesuffix(".ipynb")
     if stem in known:
         return stem
     inside = [name for name in known if name in stem]
@@ -128,7 +137,8 @@ def _check_cell(check: dict, ledger: str) -> nbformat.NotebookNode:
     return cell
 
 
-def plan_cells(nb: nbformat.NotebookNode, copy: dict, ledger: str = "checks-done.txt") -> tuple[list[_Planned], list[str]]:
+def plan_cells(nb: nbformat.NotebookNode, copy: dict,
+               ledger: str = "checks-done.txt") -> tuple[list[_Planned], list[str]]:
     """The learner's cells with every course check cell put back (edited: replaced; deleted or hidden:
     inserted after the nearest course cell before it that the notebook still has)."""
     checks = {c["id"]: c for c in copy["checks"]}
@@ -197,9 +207,12 @@ def _failure(text: str) -> tuple[str, str]:
     return "failed", f"{kind}: {message}" if message else kind
 
 
-def run_cells(cells: list[nbformat.NotebookNode], metadata: dict, cwd: Path, timeout: float,
-               tmp: str) -> dict[int, tuple[str, str]] | str:
-    """{code cell index: (result, message)} for a notebook made of `cells`, or the reason it did not run."""
+def run_cells(cells: list[nbformat.NotebookNode], metadata: dict, timeout: float,
+              tmp: str) -> dict[int, tuple[str, str]] | str:
+    """{code cell index: (result, message)} for a notebook made of `cells`, or the reason it did not run.
+
+    pytest runs in `tmp` and nbval starts the kernel there (beside the notebook it runs): a fresh folder,
+    so no module beside the learner's notebook shadows the installed ampteach."""
     nb = nbformat.v4.new_notebook(cells=cells, metadata=metadata)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     notebook = Path(tmp) / "graded.ipynb"
@@ -214,7 +227,7 @@ def run_cells(cells: list[nbformat.NotebookNode], metadata: dict, cwd: Path, tim
            f"--junitxml={report}", "-q"]
     n_code = sum(c.cell_type == "code" for c in cells)
     try:
-        run = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True,
+        run = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True,
                              timeout=(timeout + OUTPUT_PATIENCE) * (n_code + 1) + WARMUP_TIMEOUT + 120)
     except subprocess.TimeoutExpired:
         return "the notebook did not finish (the kernel stopped answering)"
@@ -243,7 +256,7 @@ class CellOutcome:
     message: str = ""
 
 
-def autograde(nb: nbformat.NotebookNode, exercise: str, cwd: Path, timeout: float) -> tuple[list[CellOutcome], list[str]]:
+def autograde(nb: nbformat.NotebookNode, exercise: str, timeout: float) -> tuple[list[CellOutcome], list[str]]:
     """Run a learner's notebook with the course's checks of `exercise` restored: every code cell's
     outcome, and notes (checks that had to be put back, imports that failed)."""
     for attempt in range(2):   # once more if the kernel did not even start (a machine too busy)
@@ -251,7 +264,7 @@ def autograde(nb: nbformat.NotebookNode, exercise: str, cwd: Path, timeout: floa
             ledger = Path(tmp) / f"done-{uuid.uuid4().hex}.txt"    # a fresh name: no notebook can know it
             planned, notes = plan_cells(nb, course_copy(exercise), str(ledger))
             metadata = {k: v for k, v in nb.metadata.items() if k == "language_info"}
-            results = run_cells([nbformat.v4.new_code_cell(WARMUP)] + [p.cell for p in planned], metadata, cwd,
+            results = run_cells([nbformat.v4.new_code_cell(WARMUP)] + [p.cell for p in planned], metadata,
                                 timeout, tmp)
             done = set(ledger.read_text().split()) if ledger.exists() else set()
         started = not isinstance(results, str) and "did not start" not in results.get(0, ("", ""))[1]

@@ -13,7 +13,9 @@ directory. Which exercise a notebook is comes from its metadata (the exercise ge
 else from its file name.
 
 Each code cell runs as its own test in one fresh kernel (`pytest --nbval-lax`, see
-ampteach/grading/autograde.py), so a wrong answer fails only its check. A cell that runs longer than --timeout seconds (an endless loop) is
+ampteach/grading/autograde.py), in a fresh temporary folder, so a folder beside your notebook (one
+named `ampteach`, a clone of the course) cannot stand in for the installed package. A wrong answer
+fails only its check. A cell that runs longer than --timeout seconds (an endless loop) is
 interrupted and the next cells run. A check's result is one of
     passed      it ran without an error
     failed      it raised: the message says what was expected and what came back
@@ -23,7 +25,13 @@ interrupted and the next cells run. A check's result is one of
 Cells are named as you see them: the check's name and `cell [k]`, k counting code cells from the
 top, as JupyterLab numbers them after Run All. The score counts every check, hidden ones included.
 
---csv writes one row per (submission, check): submission, exercise, check, result, message.
+--csv writes the gradebook: one row per (submission, check) with the columns
+    learner, submission, exercise, check, result, passed, checks, message
+(passed: 1 if the check passed, else 0; checks: 1, or for an unreadable file the number of checks its
+exercise has, each counted as not passed), then one row per learner with check "all checks", result
+"total", passed and checks summed over their submissions, and the exercises not yet complete as the
+message. An unreadable file's exercise is the one its file name says (else the file's name).
+The learner is the first folder below PATH (submissions/<learner>/...), or a single notebook's folder.
 Grading runs your notebook's code on this machine: it stops honest mistakes and the obvious ways of
 gaming a check, it is not a sandbox against code written to attack the grader.
 """
@@ -39,10 +47,14 @@ from pathlib import Path
 
 import nbformat
 
-from ampteach.grading.autograde import autograde, known_exercises, which_exercise
+from ampteach.grading.autograde import autograde, course_copy, exercise_from_name, known_exercises, which_exercise
+
+__all__ = ["RESULTS", "TOTAL", "CSV_COLUMNS", "CheckResult", "Submission", "grade_notebook", "find_submissions",
+           "grade_all", "format_grade", "summary_table", "gradebook_rows", "write_csv", "add_arguments", "run"]
 
 RESULTS = ("passed", "failed", "timeout", "missing", "unreadable")
-CSV_COLUMNS = ("submission", "exercise", "check", "result", "message")
+TOTAL = "total"        # the result column of a learner's total row
+CSV_COLUMNS = ("learner", "submission", "exercise", "check", "result", "passed", "checks", "message")
 
 
 # --- results ------------------------------------------------------------------------------------------
@@ -68,7 +80,14 @@ class Submission:
 
     @property
     def total(self) -> int:
-        return sum(c.result != "unreadable" for c in self.checks)
+        """Checks counted: those that ran, or all of the exercise's when the file could not be graded."""
+        return sum(self.checks_of(c) for c in self.checks)
+
+    def checks_of(self, c: CheckResult) -> int:
+        """How many checks a row stands for: 1, or an unreadable file's whole exercise (none if unknown)."""
+        if c.result != "unreadable":
+            return 1
+        return len(course_copy(self.exercise)["checks"]) if self.exercise in known_exercises() else 0
 
     @property
     def unreadable(self) -> bool:
@@ -78,7 +97,7 @@ class Submission:
 def grade_notebook(path: str | Path, timeout: float = 120.0, learner: str | None = None) -> Submission:
     """Restore the course's checks in one notebook, run it in a fresh kernel, and collect each check's result."""
     path = Path(path)
-    sub = Submission(path, learner or path.resolve().parent.name)
+    sub = Submission(path, learner or path.resolve().parent.name, exercise_from_name(path) or path.name)
     try:
         nb = nbformat.read(path, as_version=4)
     except Exception as exc:  # not JSON, not a notebook: a row in the gradebook, not a crash
@@ -87,10 +106,11 @@ def grade_notebook(path: str | Path, timeout: float = 120.0, learner: str | None
     exercise = which_exercise(nb, path)
     if exercise is None:
         sub.checks.append(CheckResult("-", "unreadable", f"{path.name} is not one of the course's exercises "
-                                      f"(its metadata names none, nor does its file name): {', '.join(known_exercises())}"))
+                                      f"(its metadata names none, nor does its file name): "
+                                      f"{', '.join(known_exercises())}"))
         return sub
     sub.exercise = exercise
-    cells, sub.notes = autograde(nb, exercise, path.resolve().parent, timeout)
+    cells, sub.notes = autograde(nb, exercise, timeout)
     for cell in cells:
         if cell.check is not None:
             sub.checks.append(CheckResult(cell.check, cell.result, cell.message))
@@ -127,7 +147,7 @@ def grade_all(paths: list[str], timeout: float = 120.0, jobs: int | None = None)
     def one(item: tuple[Path, str]) -> Submission:
         path, learner = item
         if not path.is_file():
-            sub = Submission(path, learner)
+            sub = Submission(path, learner, exercise_from_name(path) or path.name)
             sub.checks.append(CheckResult("-", "unreadable", f"no such file: {path}"))
             return sub
         return grade_notebook(path, timeout, learner)
@@ -160,33 +180,56 @@ def format_grade(sub: Submission, width: int = 100) -> str:
 
 def summary_table(subs: list[Submission]) -> str:
     """One line per learner: notebooks, checks passed, and the exercises not yet complete."""
-    learners: dict[str, list[Submission]] = {}
-    for sub in subs:
-        learners.setdefault(sub.learner, []).append(sub)
+    learners = _by_learner(subs)
     name_width = max([len(name) for name in learners] + [7])
     lines = [f"{'learner':<{name_width}}  notebooks  passed  checks  score  not complete"]
-    for name, own in sorted(learners.items()):
+    for name, own in learners.items():
         passed, total = sum(s.passed for s in own), sum(s.total for s in own)
-        todo = [s.exercise if not s.unreadable else f"{s.path.name} (unreadable)" for s in own
-                if s.unreadable or s.passed < s.total]
+        todo = _not_complete(own)
         score = f"{100 * passed / total:4.0f}%" if total else "   -"
         lines.append(f"{name:<{name_width}}  {len(own):9d}  {passed:6d}  {total:6d}  {score}  {', '.join(todo) or '-'}")
     return "\n".join(lines)
 
 
+def _by_learner(subs: list[Submission]) -> dict[str, list[Submission]]:
+    learners: dict[str, list[Submission]] = {}
+    for sub in subs:
+        learners.setdefault(sub.learner, []).append(sub)
+    return dict(sorted(learners.items()))
+
+
+def _not_complete(own: list[Submission]) -> list[str]:
+    return [s.exercise if not s.unreadable else f"{s.path.name} (unreadable)" for s in own
+            if s.unreadable or s.passed < s.total]
+
+
+def gradebook_rows(subs: list[Submission]) -> list[dict]:
+    """The CSV's rows (CSV_COLUMNS): every check of every submission, then each learner's total."""
+    rows = [{"learner": sub.learner, "submission": str(sub.path), "exercise": sub.exercise, "check": c.check,
+             "result": c.result, "passed": int(c.result == "passed"), "checks": sub.checks_of(c), "message": c.message}
+            for sub in subs for c in sub.checks]
+    for learner, own in _by_learner(subs).items():
+        passed, total = sum(s.passed for s in own), sum(s.total for s in own)
+        todo = _not_complete(own)
+        message = (f"{passed} of {total} checks passed in {len(own)} notebook(s); "
+                   + (f"not complete: {', '.join(todo)}" if todo else "all complete"))
+        rows.append({"learner": learner, "submission": "", "exercise": "", "check": "all checks", "result": TOTAL,
+                     "passed": passed, "checks": total, "message": message})
+    return rows
+
+
 def write_csv(subs: list[Submission], path: str | Path) -> None:
     with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(CSV_COLUMNS)
-        for sub in subs:
-            for c in sub.checks:
-                writer.writerow([str(sub.path), sub.exercise, c.check, c.result, c.message])
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(gradebook_rows(subs))
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH",
                         help="exercise notebooks, or folders of them (submissions/<learner>/<exercise>.ipynb)")
-    parser.add_argument("--csv", metavar="FILE", help="write the gradebook: one row per (submission, check)")
+    parser.add_argument("--csv", metavar="FILE",
+                        help="write the gradebook: one row per (submission, check), then one total per learner")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a cell may run (default 120)")
     parser.add_argument("--jobs", type=int, default=None, help="notebooks graded at once (default: one per CPU core)")
 
@@ -203,6 +246,7 @@ def run(args) -> int:
         print(summary_table(subs))
     if args.csv:
         write_csv(subs, args.csv)
-        print(f"\ngradebook: {args.csv} ({sum(len(s.checks) for s in subs)} rows)")
+        learners = len({s.learner for s in subs})
+        print(f"\ngradebook: {args.csv} ({sum(len(s.checks) for s in subs)} check rows, {learners} learner total(s))")
     complete = all(s.total and s.passed == s.total and not s.unreadable for s in subs)
     return 0 if complete else 1

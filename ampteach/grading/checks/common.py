@@ -7,19 +7,72 @@
 A check raises CheckFailed with a message that says which case, what was expected (computed by
 PyTorch or by exact arithmetic, never typed in) and what came back. Errors raised by the learner's
 code (NotImplementedError for an untouched exercise) pass through unchanged.
+
+In a notebook a failed check shows its message as the cell's error and folds the traceback (the
+check's own frames, of no use to a learner) into a closed "where" box above it: IPython shows an
+exception through its `_render_traceback_` when it has one. The cell still fails, so Run All stops
+there and `ampteach grade` sees the error as before.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import html
+import re
+import traceback
 from typing import Any, Callable, Iterator
 
 import torch
 
+__all__ = ["CheckFailed", "passed", "bits32", "same_bits", "short", "refusing", "RefuseOps"]
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_RED, _RESET = "\x1b[0;31m", "\x1b[0m"
+
 
 class CheckFailed(AssertionError):
     """Your answer gave a wrong result; the message says which case, what was expected, what came back."""
+
+    def _render_traceback_(self) -> list[str]:
+        """How IPython shows a failed check: the traceback folded in a box, then the message as the error."""
+        if not getattr(self, "_folded_shown", False):   # IPython asks twice: for the display and the reply
+            self._folded_shown = True
+            try:
+                _show_folded(self)
+            except Exception:  # never let the display hide the failure itself
+                pass
+        return [f"{_RED}{type(self).__name__}{_RESET}: {self}"]
+
+
+def _check_name(tb) -> str | None:
+    """The course's check function the failure came from (the outermost check_... frame of ampteach's checks)."""
+    for frame, _ in traceback.walk_tb(tb):
+        code = frame.f_code
+        if code.co_name.startswith("check_") and frame.f_globals.get("__name__", "").startswith("ampteach.grading"):
+            return code.co_name
+    return None
+
+
+def _show_folded(error: BaseException) -> None:
+    """Display the traceback of `error` as a closed <details> box (HTML), or as text where HTML is not shown."""
+    from IPython import get_ipython
+    from IPython.display import display
+
+    shell = get_ipython()
+    if shell is None:
+        return
+    try:
+        lines = shell.InteractiveTB.structured_traceback(type(error), error, error.__traceback__)
+    except Exception:
+        lines = traceback.format_exception(type(error), error, error.__traceback__)
+    text = _ANSI.sub("", "\n".join(line.rstrip("\n") for line in lines))
+    name = _check_name(error.__traceback__)
+    summary = f"{name} failed: the message is below; where it failed (traceback, {text.count(chr(10)) + 1} lines)" \
+        if name else f"where it failed (traceback, {text.count(chr(10)) + 1} lines)"
+    folded = (f'<details class="ampteach-traceback"><summary>{html.escape(summary)}</summary>'
+              f'<pre>{html.escape(text)}</pre></details>')
+    display({"text/html": folded, "text/plain": f"{summary}:\n{text}"}, raw=True)
 
 
 def passed(name: str, detail: str) -> None:
