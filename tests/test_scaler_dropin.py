@@ -7,8 +7,10 @@ clearer message). Memory stays bounded: no per-step tensors kept, no full-size t
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
+import pickle
 import math
 import subprocess
 import sys
@@ -23,7 +25,8 @@ from hypothesis import strategies as st
 from test_scaler import one_thread  # noqa: F401 (autouse: tiny tensors run faster on one intra-op thread)
 from torch import nn
 
-from ampteach.amp.scaler import BUCKET_NUMEL, FLOAT32_MAX, GradScaler, non_finite_check_and_unscale_
+from ampteach.amp.scaler import FLOAT32_MAX, GradScaler
+from ampteach.amp.unscale_kernels import BUCKET_NUMEL, non_finite_check_and_unscale_
 
 INF, NAN = math.inf, math.nan
 
@@ -526,8 +529,58 @@ def test_disabled_scaler_ignores_the_other_arguments_like_torch(device):
 
     expected_warnings = 1 if device == "cuda" else 0   # "CUDA is not available. Disabling."
     for enabled in ([False] if device == "cpu" else [True, False]):
-        ours, ref = both(lambda cls: run(cls, enabled))
+        ours, ref = both(functools.partial(run, enabled=enabled))
         assert ours == ref == (False, True, 1.0, expected_warnings if enabled else 0)
+
+
+DISABLED_CALLS = {   # every getter, hook and state call, on a disabled scaler whose optimizer has a gradient
+    "get_scale": lambda s, opt: s.get_scale(),
+    "get_growth_factor": lambda s, opt: s.get_growth_factor(),
+    "get_backoff_factor": lambda s, opt: s.get_backoff_factor(),
+    "get_growth_interval": lambda s, opt: s.get_growth_interval(),
+    "_get_growth_tracker": lambda s, opt: s._get_growth_tracker(),
+    "_get_scale_async": lambda s, opt: s._get_scale_async(),
+    "is_enabled": lambda s, opt: s.is_enabled(),
+    "state_dict": lambda s, opt: s.state_dict(),
+    "load_state_dict": lambda s, opt: s.load_state_dict({"scale": 4.0}),
+    "_check_inf_per_device": lambda s, opt: s._check_inf_per_device(opt),
+    "_found_inf_per_device": lambda s, opt: s._found_inf_per_device(opt),
+    "unscale_": lambda s, opt: s.unscale_(opt),
+    "step": lambda s, opt: (s.step(opt), opt.param_groups[0]["params"][0].tolist()),
+    "step with a closure": lambda s, opt: s.step(opt, closure=lambda: 7.0),
+    "update": lambda s, opt: s.update(),
+    "update(new_scale)": lambda s, opt: s.update(new_scale=2.0),
+    "set, then get, each factor": lambda s, opt: (s.set_growth_factor(3.0), s.set_backoff_factor(0.25),
+                                                  s.set_growth_interval("never"), s.get_growth_factor(),
+                                                  s.get_backoff_factor(), s.get_growth_interval()),
+    "pickled and back": lambda s, opt: (lambda t: (t.is_enabled(), t.get_scale(), t.state_dict()))(
+        pickle.loads(pickle.dumps(s))),
+}
+
+
+@pytest.mark.parametrize("call", DISABLED_CALLS)
+@pytest.mark.parametrize("how", ["enabled=False", "cuda without CUDA"])
+def test_disabled_scaler_answers_every_call_like_torch(how, call):
+    """torch's disabled GradScaler keeps no scale, factors or interval: reading one is an AttributeError
+    until a setter stores it; get_scale is 1.0, the tracker 0, state_dict {}; step is optimizer.step()."""
+    if how == "cuda without CUDA" and torch.cuda.is_available():
+        pytest.skip("checks the no-CUDA fallback")
+
+    def run(cls):
+        p = nn.Parameter(torch.ones(2))
+        p.grad = torch.full((2,), INF)
+        opt = torch.optim.SGD([p], lr=1.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            scaler = cls("cpu", enabled=False) if how == "enabled=False" else cls("cuda")
+        return outcome(lambda: DISABLED_CALLS[call](scaler, opt))
+
+    ours, ref = both(run)
+    assert ours == ref
+    if call == "get_growth_factor":
+        assert ours == ("raised", AttributeError)
+        with pytest.raises(AttributeError, match="disabled .*is_enabled"):
+            GradScaler("cpu", enabled=False).get_growth_factor()
 
 
 # -- the exception types of misuse ------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ import pytest
 import torch
 
 import ampteach.amp.scaler
+import ampteach.amp.unscale_kernels
 
 IMPLS = {
     "torch": SimpleNamespace(
@@ -43,7 +44,7 @@ IMPLS = {
     ),
     "ampteach": SimpleNamespace(
         GradScaler=ampteach.amp.scaler.GradScaler, module=ampteach.amp.scaler,
-        non_finite_check_and_unscale_=ampteach.amp.scaler.non_finite_check_and_unscale_,
+        non_finite_check_and_unscale_=ampteach.amp.unscale_kernels.non_finite_check_and_unscale_,
         update_scale_=ampteach.amp.scaler.update_scale_,
     ),
 }

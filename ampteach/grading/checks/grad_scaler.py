@@ -32,10 +32,12 @@ BECAUSE = "the exercise is to build the scaler from ordinary tensor ops"
 def _own_work() -> Iterator[None]:
     """Refuse torch's and ampteach's scalers and torch's fused AMP kernels while the learner's code runs."""
     from ampteach.amp import scaler as ampteach_scaler
+    from ampteach.amp import unscale_kernels
 
     theirs = [(torch.amp.GradScaler, ("scale", "unscale_", "step", "update", "__init__")),
               (ampteach_scaler._LossScaler, ("scale", "unscale_", "step", "update", "__init__")),
-              (ampteach_scaler, ("update_scale_", "non_finite_check_and_unscale_"))]
+              (ampteach_scaler, ("update_scale_", "next_scale")),
+              (unscale_kernels, ("non_finite_check_and_unscale_", "unscale_grads_"))]
     kernels = {torch._amp_update_scale_: BECAUSE, torch._amp_foreach_non_finite_check_and_unscale_: BECAUSE}
     with contextlib.ExitStack() as stack:
         for owner, names in theirs:
