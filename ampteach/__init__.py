@@ -56,6 +56,10 @@ from ampteach.lab.step_time import amdahl, profile_step, width_sweep
 from ampteach.amp.fp8 import DelayedScaling, Float8Linear, convert_to_float8_training, quantize_tensorwise
 from ampteach.amp.mx import MXTensor, mx_dequantize, mx_quantize
 
+# lesson 9: mixed precision in a transformer (a tiny GPT on Shakespeare, through the same train())
+from ampteach.training.text import load_shakespeare, preload_text
+from ampteach.training.gpt import gpt
+
 # lesson 10: accumulation precision (a matmul's running sum kept to fewer bits)
 from ampteach.amp.accumulator import emulated_matmul
 
@@ -78,5 +82,6 @@ __all__ = [
     "plot_roofline", "roofline_table", "amdahl", "profile_step", "width_sweep",
     "DelayedScaling", "Float8Linear", "convert_to_float8_training", "quantize_tensorwise", "MXTensor",
     "mx_dequantize", "mx_quantize",
+    "load_shakespeare", "preload_text", "gpt",
     "emulated_matmul",
 ]

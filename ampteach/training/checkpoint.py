@@ -99,7 +99,8 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
     state = torch.load(path, map_location=map_location, weights_only=True)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError(f"{Path(path).name} is not a checkpoint written by ampteach.save_checkpoint "
-                         f"(no 'format': {FORMAT!r} entry); for a bare state_dict use model.load_state_dict(torch.load(...))")
+                         f"(no 'format': {FORMAT!r} entry); for a bare state_dict use "
+                         f"model.load_state_dict(torch.load(...))")
     if master is not None:
         master.load_state_dict(state["model"])      # exact fp32 masters, model = round(masters)
     else:

@@ -77,8 +77,10 @@ class TrainConfig:
             raise ValueError(f"impl must be 'torch' (torch.amp) or 'ampteach' (from scratch), got {self.impl!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        if not (self.loss_scale in ("dynamic", None) or (isinstance(self.loss_scale, (int, float)) and self.loss_scale > 0)):
-            raise ValueError(f"loss_scale must be 'dynamic', a positive number (static) or None, got {self.loss_scale!r}")
+        static = isinstance(self.loss_scale, (int, float)) and self.loss_scale > 0
+        if not (self.loss_scale in ("dynamic", None) or static):
+            raise ValueError(f"loss_scale must be 'dynamic', a positive number (static) or None, "
+                             f"got {self.loss_scale!r}")
         if self.epochs < 1 or self.batch_size < 1:
             raise ValueError(f"epochs and batch_size must be >= 1, got {self.epochs} and {self.batch_size}")
         if self.recipe not in RECIPES:
@@ -125,7 +127,8 @@ class History:
     scales: list[float] = field(default_factory=list)     # the loss scale each step used (1.0: none)
     skipped: list[bool] = field(default_factory=list)     # True where the optimizer step was skipped
     epoch_loss: list[float] = field(default_factory=list)
-    test_accuracy: list[float] = field(default_factory=list)
+    test_accuracy: list[float] = field(default_factory=list)   # held-out accuracy (%) after each epoch
+    val_loss: list[float] = field(default_factory=list)        # held-out cross-entropy (nats) after each epoch
     samples_per_s: float = float("nan")
     train_seconds: float = 0.0
 

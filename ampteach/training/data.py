@@ -100,7 +100,8 @@ def bundled_root() -> Path:
     folder = importlib.resources.files("ampteach").joinpath(BUNDLED)
     if not isinstance(folder, Path):   # a zipped install: the loader needs real files
         raise DatasetNotFoundError(f"ampteach is installed as a zip archive, so its bundled data ({BUNDLED}) is "
-                                   f"not a folder on disk; install it unzipped (pip install ampteach) or set AMPTEACH_DATA")
+                                   f"not a folder on disk; install it unzipped (pip install ampteach) or set "
+                                   f"AMPTEACH_DATA")
     return folder
 
 
@@ -154,12 +155,14 @@ def load_fashion_mnist(root: str | os.PathLike | None = None, download: bool = F
     missing = missing_files(root)
     if missing:
         if not (download or full):
-            raise DatasetNotFoundError(_not_found_message(root, source, missing, "nothing was downloaded (download=False)"))
+            why = "nothing was downloaded (download=False)"
+            raise DatasetNotFoundError(_not_found_message(root, source, missing, why))
         try:
             for name in missing:
                 download_file(BASE_URL + name, root / name, FILES[name])
         except OSError as exc:
-            raise DatasetNotFoundError(_not_found_message(root, source, missing, f"the download failed: {exc}")) from exc
+            why = f"the download failed: {exc}"
+            raise DatasetNotFoundError(_not_found_message(root, source, missing, why)) from exc
 
     train_images = read_idx_images(root / "train-images-idx3-ubyte.gz")
     train_labels = read_idx_labels(root / "train-labels-idx1-ubyte.gz")
@@ -327,6 +330,10 @@ class Preloaded:
     @property
     def device(self) -> torch.device:
         return self.train_x.device
+
+    def num_batches(self, batch_size: int) -> int:
+        """Training batches in one epoch: every image once, the last batch possibly smaller."""
+        return -(-len(self.train_x) // batch_size)
 
     def batches(self, batch_size: int, shuffle: bool = True, seed: int | None = 0,
                 split: str = "train", drop_last: bool = False) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
