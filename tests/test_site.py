@@ -2,7 +2,9 @@
 
 The course's own site is built once for the whole test run (tests/site_checks.py); a small course
 made here checks the parts the real one may not exercise today (an expected error, a broken cell,
-links to solutions and to missing notebooks, the command's errors).
+links to solutions and to missing notebooks, a completed answer in exercises/, the test marks, the
+command's errors). The lessons' own links (to their exercises, to the previous and next lesson) are
+checked from the notebooks, no build needed.
 """
 
 from __future__ import annotations
@@ -15,14 +17,18 @@ import nbformat
 import pytest
 from site_checks import ROOT, SPHINX_NOTICES, broken_cells, built_site, cell_figures, html_pages, page_of
 
+from ampteach.grading.exercises import learner_version
 from ampteach.tools import cli
+from ampteach.tools.course_map import LINK, lesson_number
+from ampteach.tools.website import course_sections_of, resolve_link
 
 pytestmark = SPHINX_NOTICES
 site = pytest.importorskip("ampteach.tools.website")
 pytest.importorskip("myst_nb", reason='the site tools are not installed: pip install -e ".[site]"')
 
 LESSONS = sorted(p.relative_to(ROOT) for p in (ROOT / "notebooks").glob("*.ipynb"))
-EXERCISES = sorted(p.relative_to(ROOT) for p in (ROOT / "exercises").glob("*.ipynb"))
+# One page per solution, made from it in memory: exercises/ is not read (a learner's answers may be there).
+EXERCISES = sorted(Path("exercises", p.name) for p in (ROOT / "solutions").glob("*.ipynb"))
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -47,7 +53,20 @@ def test_the_site_builds_offline_with_a_page_per_lesson_and_exercise(built):
     assert not [p for p in built.out.rglob("*") if "solution" in p.name.lower() and p.suffix in (".html", ".ipynb")]
 
 
-def test_pages_follow_the_course_map_with_previous_and_next_links(built, pages):
+def map_rows() -> tuple[list[Path], dict[Path, int]]:
+    """From the course map: its lessons in order, and each exercise's "after lesson" number (first column)."""
+    lessons, after = [], {}
+    for line in (ROOT / "course/README.md").read_text().splitlines():
+        for found in re.findall(r"\]\((?:\.\./)?((?:notebooks|exercises)/[\w.-]+\.ipynb)\)", line):
+            path, first = Path(found), line.strip("| ").split("|")[0].strip()
+            if path.parts[0] == "notebooks" and path not in lessons and (ROOT / path).is_file():
+                lessons.append(path)
+            elif path.parts[0] == "exercises" and first.isdigit():
+                after.setdefault(path, int(first))
+    return lessons, after
+
+
+def test_pages_follow_the_course_map_each_lesson_then_its_exercises(built, pages):
     chain, page = [Path("index.html")], pages[Path("index.html")]
     while (link := page.select_one("a.right-next")) is not None:
         chain.append(normalise(chain[-1].parent / link["href"]))
@@ -56,11 +75,35 @@ def test_pages_follow_the_course_map_with_previous_and_next_links(built, pages):
     for before, after in zip(chain, chain[1:]):
         back = pages[after].select_one("a.left-prev")
         assert back is not None and normalise(after.parent / back["href"]) == before
-    # The course map's own order comes first (lessons and exercises it links to, first link each).
-    course_map = (ROOT / "course/README.md").read_text()
-    linked = list(dict.fromkeys(Path(m) for m in re.findall(r"\]\((?:\.\./)?((?:notebooks|exercises)/[\w.-]+\.ipynb)", course_map)))
-    linked = [p for p in linked if (ROOT / p).is_file()]
-    assert built.pages[:len(linked)] == linked
+    lessons, after = map_rows()
+    assert [p for p in built.pages if p.parts[0] == "notebooks"][:len(lessons)] == lessons
+    for i, path in enumerate(built.pages):
+        if path in after:                        # the lesson before it is the one its row names
+            lesson = next(p for p in reversed(built.pages[:i]) if p.parts[0] == "notebooks")
+            assert int(lesson.name.split("_")[0]) == after[path], (path, lesson)
+
+
+def test_the_sidebar_has_a_section_per_lesson_holding_the_lesson_then_its_exercises(built, pages):
+    sidebar = pages[Path("index.html")].select_one("nav.bd-links")
+    captions = [c.get_text(strip=True) for c in sidebar.select("p.caption")]
+    lessons = [p for p in built.pages if p.parts[0] == "notebooks"]
+    assert captions[:len(lessons)] == [f"Lesson {int(p.name.split('_')[0])}" for p in lessons]
+    entries = []
+    for caption in sidebar.select("p.caption"):
+        links = caption.find_next_sibling("ul").select("a")
+        entries += [normalise(Path(a["href"])) for a in links]
+        first = normalise(Path(links[0]["href"]))
+        assert first.parts[0] == "notebooks" or caption.get_text(strip=True) == "More exercises", caption
+    assert entries == [page_of(p) for p in built.pages]
+
+
+def test_search_snippets_come_from_the_article_alone(pages):
+    for path, page in pages.items():
+        if path.parts[0] in ("notebooks", "exercises"):
+            main = page.select("[role=main]")
+            assert len(main) == 1 and main[0].name == "article", path
+            text = main[0].get_text(" ", strip=True)
+            assert not re.search(r"\b(Light|Dark|System Settings)\b", text[:200]), (path, text[:200])
 
 
 def normalise(path: Path) -> Path:
@@ -113,11 +156,12 @@ def test_math_is_mathml_not_tex(pages):
 @pytest.mark.parametrize("exercise", EXERCISES, ids=lambda p: p.stem)
 def test_exercise_pages_show_the_learners_version_not_the_solution(pages, exercise):
     text = "\n".join(cell.get_text() for cell in pages[page_of(exercise)].select(".cell_input"))   # its code cells
-    learner = nbformat.read(ROOT / exercise, as_version=4)
+    learner = learner_version(ROOT / "solutions" / exercise.name)
     learner_lines = {line.strip() for c in learner.cells if c.cell_type == "code" for line in c.source.splitlines()}
     for cell in learner.cells:
-        if cell.cell_type == "code" and cell.source.strip():
-            assert cell.source.strip().splitlines()[0].strip() in text
+        first = [line for line in cell.source.strip().splitlines() if not line.startswith("# NBVAL")][:1]
+        if cell.cell_type == "code" and first:
+            assert first[0].strip() in text
     solution_path = ROOT / "solutions" / exercise.name
     if solution_path.is_file():
         solution = nbformat.read(solution_path, as_version=4)
@@ -145,6 +189,38 @@ def test_links_between_pages_resolve(built, pages):
     for name in re.findall(r"\]\((?:\.\./)?((?:notebooks|exercises)/[\w.-]+\.ipynb)", course_map):
         if (ROOT / name).is_file():
             assert page_of(Path(name)) in index, f"the course map's link to {name} does not lead to its page"
+
+
+# ---------------------------------------------------------------- the lessons' own links, from the notebooks
+
+def lesson_targets(lesson: Path) -> list[str]:
+    """The relative link targets in a lesson's text cells."""
+    nb = nbformat.read(ROOT / lesson, as_version=4)
+    return [target for cell in nb.cells if cell.cell_type == "markdown"
+            for _, _, target, _ in LINK.findall(cell.source)
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) and not target.startswith("#")]
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
+def test_every_relative_link_in_a_lesson_resolves(lesson):
+    broken = [t for t in lesson_targets(lesson) if resolve_link(ROOT, lesson, t, frozenset(EXERCISES)) is None]
+    assert not broken, f"{lesson} links to what is not there: {broken}"
+
+
+SECTIONS = [s for s in course_sections_of(ROOT) if s.lesson]
+
+
+@pytest.mark.parametrize("index", range(len(SECTIONS)), ids=lambda i: SECTIONS[i].lesson)
+def test_each_lesson_links_its_exercises_and_the_lessons_before_and_after_it(index):
+    section = SECTIONS[index]
+    lesson = Path("notebooks", f"{section.lesson}.ipynb")
+    linked = {resolve_link(ROOT, lesson, t, frozenset(EXERCISES)) for t in lesson_targets(lesson)}
+    wanted = [Path("exercises", f"{name}.ipynb") for name in section.exercises]
+    around = SECTIONS[max(index - 1, 0):index + 2]
+    wanted += [Path("notebooks", f"{s.lesson}.ipynb") for s in around if s is not section]
+    missing = [p.as_posix() for p in wanted if p not in linked]
+    assert not missing, (f"lesson {lesson_number(section.lesson)} ({lesson}) has no link to {missing}: the course map "
+                         f"places those exercises after it, and the lessons are read in order")
 
 
 # ---------------------------------------------------------------- a small course made here
@@ -175,9 +251,12 @@ def small_course(tmp_path_factory):
         "| 2 | [notebooks/02_broken.ipynb](../notebooks/02_broken.ipynb) |\n"
         "| 1 | [notebooks/01_expected.ipynb](../notebooks/01_expected.ipynb) |\n"
         "| 3 | [notebooks/03_not_yet.ipynb](../notebooks/03_not_yet.ipynb) |\n"
-        "| e | [exercises/e1.ipynb](../exercises/e1.ipynb) ([solution](../solutions/e1.ipynb)) |\n\n"
+        "| e | [exercises/e1.ipynb](../exercises/e1.ipynb) ([solution](../solutions/e1.ipynb)) |\n"
+        "| 1 | [exercises/e3.ipynb](../exercises/e3.ipynb) |\n\n"
         "Results live in [`course/results/`](results/).\n")
-    figure = nbformat.v4.new_code_cell("plot()")
+    figure = nbformat.v4.new_code_cell("# NBVAL_IGNORE_OUTPUT\n# Not checked by the tests: the kernels differ\n"
+                                       "# from CPU to CPU.\nplot()  # the figure",
+                                       metadata={"tags": ["nbval-ignore-output"]})
     figure.outputs = [nbformat.v4.new_output("display_data", data={
         "image/png": base64.b64encode(PNG + b"\0" * 16).decode(), "text/plain": "<Figure>"})]
     (root / "notebooks/figures").mkdir()
@@ -193,9 +272,13 @@ def small_course(tmp_path_factory):
                    root / "notebooks/01_expected.ipynb")
     nbformat.write(notebook(nbformat.v4.new_markdown_cell("# 2. Broken\n\n## Broken"), error_cell("oops()")),
                    root / "notebooks/02_broken.ipynb")
-    nbformat.write(notebook(nbformat.v4.new_markdown_cell("# E1"), nbformat.v4.new_code_cell("answer = ...")),
-                   root / "exercises/e1.ipynb")
-    nbformat.write(notebook(nbformat.v4.new_code_cell("answer = 42  # the secret")), root / "solutions/e1.ipynb")
+    for name in ("e1", "e2", "e3"):           # e2: a solution the map does not list, and no file in exercises/
+        nbformat.write(notebook(nbformat.v4.new_markdown_cell(f"# {name.upper()}"), nbformat.v4.new_code_cell(
+            "answer = (\n    ### BEGIN SOLUTION\n    42  # the secret\n    ### END SOLUTION\n)"),
+            nbformat.v4.new_code_cell("check_answer(answer)")), root / f"solutions/{name}.ipynb")
+    done = nbformat.v4.new_code_cell("answer = (\n    42  # the secret\n)\ncheck_answer(answer)")  # a learner's work
+    done.outputs = [nbformat.v4.new_output("stream", text="passed check_answer: 42 is right\n")]
+    nbformat.write(notebook(nbformat.v4.new_markdown_cell("# E1"), done), root / "exercises/e1.ipynb")
     return root
 
 
@@ -215,7 +298,9 @@ def test_an_expected_error_is_not_a_broken_page_but_any_other_traceback_is(small
 
 def test_the_map_sets_the_order_and_links_to_non_pages_become_text(small_site):
     built, pages = small_site
-    assert built.pages == [Path("notebooks/02_broken.ipynb"), Path("notebooks/01_expected.ipynb"), Path("exercises/e1.ipynb")]
+    assert built.pages == [Path("notebooks/02_broken.ipynb"), Path("notebooks/01_expected.ipynb"),
+                           Path("exercises/e3.ipynb"), Path("exercises/e1.ipynb"), Path("exercises/e2.ipynb")]
+    assert built.unmapped == [Path("exercises/e2.ipynb")]
     assert any("03_not_yet.ipynb, which is no file of the course" in w for w in built.warnings)
     index = pages[Path("index.html")]
     hrefs = [a["href"] for a in index.select("article a[href]")]
@@ -227,6 +312,33 @@ def test_the_map_sets_the_order_and_links_to_non_pages_become_text(small_site):
     assert cell_figures(lesson)
     diagram = lesson.select_one("article img[alt='a diagram']")
     assert (built.out / "notebooks" / diagram["src"]).read_bytes().startswith(PNG)
+
+
+def test_the_site_never_shows_a_completed_answer_even_when_exercises_holds_one(small_site):
+    built, pages = small_site
+    for name in ("e1", "e2", "e3"):
+        page = pages[Path(f"exercises/{name}.html")]
+        text = page.get_text()
+        assert "the secret" not in text and "passed check_answer" not in text, name
+        assert "raise NotImplementedError()" in text and "check_answer(answer)" in text, name
+    assert "This is the exercise as you get it" in pages[Path("exercises/e1.html")].get_text()
+
+
+def test_the_test_marks_stay_off_the_pages(small_site):
+    _, pages = small_site
+    lesson = pages[Path("notebooks/01_expected.html")]
+    text = lesson.get_text()
+    assert "NBVAL" not in text and "Not checked by the tests" not in text and "from CPU to CPU" not in text
+    assert "plot()  # the figure" in text and not lesson.select(".tag_nbval-ignore-output")
+    assert lesson.select(".tag_raises-exception")                  # a tag a reader needs stays
+
+
+def test_the_sidebar_puts_each_exercise_under_its_lesson(small_site):
+    _, pages = small_site
+    sidebar = pages[Path("index.html")].select_one("nav.bd-links")
+    sections = {c.get_text(strip=True): [a.get_text(strip=True) for a in c.find_next_sibling("ul").select("a")]
+                for c in sidebar.select("p.caption")}
+    assert sections == {"Lesson 2": ["2. Broken"], "Lesson 1": ["1. Expected", "E3"], "More exercises": ["E1", "E2"]}
 
 
 def test_a_widget_without_saved_state_shows_its_text_and_the_note(small_site):

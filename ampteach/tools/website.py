@@ -3,11 +3,15 @@
     ampteach site --out site/                  # then open site/index.html in a browser
     ampteach site --out site/ --root ~/ampteach  # the course files of another checkout
 
-The course map (course/README.md) is the index; every lesson and exercise it links to is a page, in
-the map's order, with previous/next links and search. Lessons show the outputs and figures they were
-saved with; a widget shows the state it was saved with (it is live only in Jupyter); an exercise page
-shows the learner's version (solutions/ is never published). The build needs no network: Sphinx with
-myst-nb and the book theme, notebook execution off, math turned into MathML while building.
+The course map (course/README.md) is the index. Every lesson is a page, followed by the exercises
+the map places after it (ampteach.tools.course_map), with previous/next links and search; the
+sidebar has one section per lesson. Lessons show the outputs and figures they were saved with; a
+widget shows the state it was saved with (it is live only in Jupyter). An exercise page is the
+learner's version generated from its solution in memory (as `python -m ampteach.grading.exercises`
+writes it), never the file in exercises/, which may hold someone's answers; solutions/ is never
+published. The marks the tests read (`# NBVAL_IGNORE_OUTPUT`, "Not checked by the tests" comments,
+nbval cell tags) are left off the pages. The build needs no network: Sphinx with myst-nb and the
+book theme, notebook execution off, math turned into MathML while building.
 """
 
 from __future__ import annotations
@@ -26,12 +30,19 @@ from pathlib import Path
 
 import nbformat
 
-PACKAGE_CHECKOUT = Path(__file__).resolve().parent.parent
+from ampteach.grading.exercises import learner_version
+from ampteach.tools.course_map import LINK, Section, course_sections, lesson_number
+
+__all__ = ["CourseNotFound", "Site", "find_root", "resolve_link", "is_page", "course_sections_of", "course_pages",
+           "Links", "widget_snapshot", "without_test_marks", "static_notebook", "index_markdown", "stage", "build",
+           "article_is_main",
+           "add_arguments", "run"]
+
+PACKAGE_CHECKOUT = Path(__file__).resolve().parents[2]    # ampteach/tools/website.py -> the checkout
 COURSE_MAP = Path("course/README.md")
 PAGE_FOLDERS = ("notebooks", "exercises")     # published; solutions/ is not
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
-LINK = re.compile(r"(!?)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(\s*([^)\s]+)(\s+\"[^\"]*\")?\s*\)")
 EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)          # http:, mailto:, data:, ...
 LIVE_NOTE = ("Live in Jupyter: this is the widget as the notebook was saved. Run the notebook in "
              "JupyterLab to move it.")
@@ -65,8 +76,9 @@ def find_root(root: str | Path | None = None) -> Path:
                          "Pass --root with the folder of an ampteach checkout (the one holding notebooks/).")
 
 
-def resolve_link(root: Path, source: Path, target: str) -> Path | None:
-    """A relative link from `source` (relative to root) as a path relative to root, or None if it leaves it.
+def resolve_link(root: Path, source: Path, target: str, virtual: frozenset[Path] = frozenset()) -> Path | None:
+    """A relative link from `source` (relative to root) as a path relative to root, or None if it leaves it
+    or names nothing. `virtual` pages count as existing (the exercises, made from their solutions).
 
     Read relative to the source file first; a link that only makes sense from the root
     (`notebooks/02_x.ipynb` written inside a lesson) is read from the root.
@@ -74,10 +86,13 @@ def resolve_link(root: Path, source: Path, target: str) -> Path | None:
     path = target.split("#", 1)[0]
     if not path or EXTERNAL.match(path) or path.startswith("/"):
         return None
+    top = root.resolve()
     for base in (root / source.parent, root):
         candidate = (base / path).resolve()
-        if candidate.exists() and candidate.is_relative_to(root.resolve()):
-            return candidate.relative_to(root.resolve())
+        if not candidate.is_relative_to(top):
+            continue
+        if candidate.exists() or candidate.relative_to(top) in virtual:
+            return candidate.relative_to(top)
     return None
 
 
@@ -86,20 +101,26 @@ def is_page(relative: Path | None) -> bool:
             and relative.parts[0] in PAGE_FOLDERS)
 
 
-def course_pages(root: Path) -> tuple[list[Path], list[Path]]:
-    """(pages in course order, notebooks on disk the course map does not link to).
+def course_sections_of(root: Path) -> list[Section]:
+    """The lessons (notebooks/) and exercises (one per solution in solutions/) in the course map's order."""
+    lessons = [p.stem for p in sorted((root / "notebooks").glob("*.ipynb"))]
+    exercises = [p.stem for p in sorted((root / "solutions").glob("*.ipynb"))]
+    return course_sections((root / COURSE_MAP).read_text(encoding="utf-8"), lessons, exercises)
 
-    The order is that of the course map's first link to each lesson (notebooks/) and exercise
-    (exercises/) that exists; notebooks the map does not link to follow, lessons first, by name.
-    """
-    ordered: list[Path] = []
+
+def course_pages(root: Path) -> tuple[list[Path], list[Path]]:
+    """(pages in course order: each lesson, then its exercises; the pages the course map does not link to).
+
+    An exercise page is exercises/NAME.ipynb for every solutions/NAME.ipynb, whether or not that file
+    exists in exercises/ (its page is made from the solution)."""
+    pages = []
+    for section in course_sections_of(root):
+        pages += [Path("notebooks", f"{section.lesson}.ipynb")] if section.lesson else []
+        pages += [Path("exercises", f"{name}.ipynb") for name in section.exercises]
+    linked = set()
     for _, _, target, _ in LINK.findall((root / COURSE_MAP).read_text(encoding="utf-8")):
-        relative = resolve_link(root, COURSE_MAP, target)
-        if is_page(relative) and relative not in ordered:
-            ordered.append(relative)
-    on_disk = [p.relative_to(root) for folder in PAGE_FOLDERS for p in sorted((root / folder).glob("*.ipynb"))]
-    unmapped = [p for p in on_disk if p not in ordered]
-    return ordered + unmapped, unmapped
+        linked.add(resolve_link(root, COURSE_MAP, target, frozenset(pages)))
+    return pages, [p for p in pages if p not in linked]
 
 
 # ---------------------------------------------------------------- the notebooks as static pages
@@ -119,6 +140,9 @@ class Links:
     images: set[Path] = field(default_factory=set)
     problems: list[str] = field(default_factory=list)
 
+    def resolve(self, source: Path, target: str) -> Path | None:
+        return resolve_link(self.root, source, target, frozenset(self.pages))
+
     def rewrite(self, text: str, source: Path, staged: Path) -> str:
         """`text` of `source` with its links made to work from its staged place `staged` (both relative to root)."""
         return LINK.sub(lambda match: self.replace(match, source, staged), text)
@@ -127,9 +151,10 @@ class Links:
         bang, label, target, title = match.groups()
         if target.startswith(("#", "/")) or EXTERNAL.match(target):
             return match.group(0)
-        relative = resolve_link(self.root, source, target)
+        relative = self.resolve(source, target)
         if relative is None:
-            self.problems.append(f"{source.as_posix()} links to {target}, which is no file of the course: shown as text")
+            self.problems.append(f"{source.as_posix()} links to {target}, which is no file of the course: "
+                                 "shown as text")
             return "" if bang else label
         anchor = "#" + target.split("#", 1)[1] if "#" in target else ""
         if is_page(relative) and relative in self.pages or bang and (self.root / relative).is_file():
@@ -193,10 +218,12 @@ def control(name: str, s: dict, color: str | None = None) -> str:
     value = s.get("value", "")
     if "Slider" in name and not isinstance(value, list):
         return (f'<input type="range" disabled min="{s.get("min", 0)}" max="{s.get("max", 100)}" '
-                f'step="{s.get("step", 1)}" value="{value}"> <span class="widget-readout">{html.escape(str(value))}</span>')
+                f'step="{s.get("step", 1)}" value="{value}"> '
+                f'<span class="widget-readout">{html.escape(str(value))}</span>')
     if name in ("ButtonModel", "ToggleButtonModel"):
         background = f' style="background-color: {html.escape(color)}"' if color else ""
-        return f'<button disabled{background}>{html.escape(s.get("description", "") if name == "ButtonModel" else str(value))}</button>'
+        text = s.get("description", "") if name == "ButtonModel" else str(value)
+        return f'<button disabled{background}>{html.escape(text)}</button>'
     if name == "CheckboxModel":
         return f'<input type="checkbox" disabled{" checked" if value else ""}>'
     labels, index = s.get("_options_labels"), s.get("index")
@@ -221,19 +248,51 @@ def output_html(output: dict) -> str:
 def note_cell(page: Path) -> nbformat.NotebookNode:
     """The note under a page's title: where the notebook is and how to run it."""
     if page.parts[0] == "exercises":
-        body = (f"This is the exercise as you get it, in `{page.as_posix()}`. Work through it in JupyterLab, "
-                f"then grade your copy with `ampteach grade {page.as_posix()}`.")
+        body = (f"This is the exercise as you get it. `ampteach start` puts it in a course folder of your own as "
+                f"`{page.as_posix()}`: work through it in JupyterLab there, then grade it with "
+                f"`ampteach grade {page.as_posix()}`.")
     else:
         body = (f"This page shows the lesson with the outputs it was saved with. To run it and change it, "
-                f"open `{page.as_posix()}` in JupyterLab.")
+                f"`ampteach start` puts it in a course folder of your own as `{page.as_posix()}` and opens "
+                f"JupyterLab there.")
     return nbformat.v4.new_markdown_cell(f"```{{note}}\n{body}\n```")
 
 
+TEST_MARK = re.compile(r"^\s*#\s*NBVAL_[A-Z_]+\s*$")
+UNCHECKED_NOTE = re.compile(r"^\s*#\s*Not checked by the tests\b", re.I)
+
+
+def without_test_marks(cell: nbformat.NotebookNode) -> None:
+    """Take off a cell what is there for the tests, not for a reader: `# NBVAL_...` comment lines, a
+    "# Not checked by the tests: ..." comment (with the comment lines that continue it), nbval's tags."""
+    if cell.cell_type == "code":
+        lines, in_note = [], False
+        for line in cell.source.splitlines():
+            in_note = bool(UNCHECKED_NOTE.match(line)) or (in_note and line.lstrip().startswith("#"))
+            if not in_note and not TEST_MARK.match(line):
+                lines.append(line)
+        cell.source = "\n".join(lines)
+    tags = cell.metadata.get("tags")
+    if tags is not None:
+        cell.metadata["tags"] = [tag for tag in tags if not tag.startswith("nbval")]
+        if not cell.metadata["tags"]:
+            del cell.metadata["tags"]
+
+
+def page_notebook(root: Path, page: Path) -> nbformat.NotebookNode:
+    """A page's notebook: the lesson's file, or an exercise generated from its solution (never exercises/)."""
+    if page.parts[0] == "exercises":
+        return learner_version(root / "solutions" / page.name)
+    return nbformat.read(root / page, as_version=4)
+
+
 def static_notebook(links: Links, page: Path) -> nbformat.NotebookNode:
-    """The notebook `page` as the site shows it: widgets as snapshots, links rewritten, a note on top."""
-    nb = nbformat.read(links.root / page, as_version=4)
+    """The notebook `page` as the site shows it: widgets as snapshots, links rewritten, test marks off,
+    a note on top."""
+    nb = page_notebook(links.root, page)
     state = nb.metadata.pop("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     for cell in nb.cells:
+        without_test_marks(cell)
         if cell.cell_type == "markdown":
             cell.source = links.rewrite(cell.source, page, page)
         outputs = []
@@ -256,11 +315,25 @@ def static_notebook(links: Links, page: Path) -> nbformat.NotebookNode:
 
 # ---------------------------------------------------------------- staging and building
 
-def index_markdown(links: Links) -> str:
-    """The course map as the site's index, its links made relative to the site's root, and the toctree."""
+def section_caption(section: Section) -> str:
+    """The sidebar heading of a lesson's section: "Lesson 3" (a lesson without a number: its file name)."""
+    if section.lesson is None:
+        return "More exercises"
+    number = lesson_number(section.lesson)
+    return f"Lesson {number}" if number is not None else section.lesson.replace("_", " ")
+
+
+def index_markdown(links: Links, sections: list[Section]) -> str:
+    """The course map as the site's index, its links made relative to the site's root, and one toctree
+    per lesson (the lesson, then its exercises), captioned: the sidebar's sections, in course order."""
     text = links.rewrite((links.root / COURSE_MAP).read_text(encoding="utf-8"), COURSE_MAP, Path("index.md"))
-    entries = "\n".join(p.with_suffix("").as_posix() for p in links.pages)
-    return f"{text.rstrip()}\n\n```{{toctree}}\n:hidden:\n:maxdepth: 1\n\n{entries}\n```\n"
+    trees = []
+    for section in sections:
+        entries = ([f"notebooks/{section.lesson}"] if section.lesson else []) + [
+            f"exercises/{name}" for name in section.exercises]
+        trees.append(f"```{{toctree}}\n:hidden:\n:maxdepth: 1\n:caption: {section_caption(section)}\n\n"
+                     + "\n".join(entries) + "\n```\n")
+    return f"{text.rstrip()}\n\n" + "\n".join(trees)
 
 
 def course_title(root: Path) -> str:
@@ -275,7 +348,7 @@ def course_title(root: Path) -> str:
 def stage(root: Path, pages: list[Path], src: Path) -> list[str]:
     """Write the Sphinx project into `src`: configuration, index, the static notebooks, local images.
 
-    Returns the problems met (links to files that do not exist)."""
+    Returns the problems met (links to files that do not exist), each naming the file and the link."""
     config = importlib.resources.files("ampteach.tools").joinpath("site_config")
     with importlib.resources.as_file(config) as config_dir:
         shutil.copytree(config_dir, src, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
@@ -283,11 +356,29 @@ def stage(root: Path, pages: list[Path], src: Path) -> list[str]:
     for page in pages:
         (src / page).parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(static_notebook(links, page), src / page)
-    (src / "index.md").write_text(index_markdown(links), encoding="utf-8")
+    (src / "index.md").write_text(index_markdown(links, course_sections_of(root)), encoding="utf-8")
     for image in links.images:
         (src / image).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / image, src / image)
     return links.problems
+
+
+MAIN = '<main id="main-content" class="bd-main" role="main">'
+ARTICLE = '<article class="bd-article">'
+
+
+def article_is_main(out: Path) -> None:
+    """Mark each page's article, not the theme's whole main column, as its main content.
+
+    Sphinx's search builds a result's snippet from the text of the page's [role=main] element; the
+    book theme puts that role on a column that also holds its header buttons ("Light Dark ...") and
+    the page's table of contents, so every snippet would start with them."""
+    for page in out.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        if MAIN in text and text.count(ARTICLE) == 1:
+            text = text.replace(MAIN, MAIN.replace(' role="main"', "")).replace(
+                ARTICLE, ARTICLE.replace(">", ' role="main">'))
+            page.write_text(text, encoding="utf-8")
 
 
 def prepare_out(out: Path) -> None:
@@ -316,6 +407,8 @@ def build(out: str | Path, root: str | Path | None = None, jobs: int = 1, quiet:
         args = ["-b", "html", "-E", "-j", str(jobs), "-d", str(Path(tmp) / "doctrees"), "-w", str(warnings_file),
                 "-D", f"html_title={course_title(root)}", str(src), str(out)]
         code = build_main((["-q"] if quiet else []) + args)
+        if code == 0:
+            article_is_main(out)
         warnings = problems + [w.replace(f"{src}{os.sep}index.md", str(COURSE_MAP)).replace(f"{src}{os.sep}", "")
                                for w in warnings_file.read_text(encoding="utf-8").splitlines() if w.strip()]
         if code != 0:
@@ -326,9 +419,11 @@ def build(out: str | Path, root: str | Path | None = None, jobs: int = 1, quiet:
 # ---------------------------------------------------------------- the command
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, type=Path, help="folder for the website (created; an earlier site there is replaced)")
+    parser.add_argument("--out", required=True, type=Path,
+                        help="folder for the website (created; an earlier site there is replaced)")
     parser.add_argument("--root", type=Path, default=None,
-                        help="the course checkout (default: the one this package was installed from, else the current folder)")
+                        help="the course checkout (default: the one this package was installed from, "
+                             "else the current folder)")
     parser.add_argument("--jobs", type=int, default=1, help="Sphinx processes (default 1)")
 
 
