@@ -32,6 +32,12 @@ from ampteach.grading.checks.grad_scaler import (
 from ampteach.grading.checks.loss_scale_update import check_loss_scale_update, check_loss_scale_update_hidden
 from ampteach.grading.checks.master_step import check_master_step
 from ampteach.grading.checks.mx_blocks import ELEMENTS, check_mx_quantize, check_mx_quantize_hidden
+from ampteach.grading.checks.promoted_accumulation import (
+    check_accumulate,
+    check_accumulate_hidden,
+    check_round_to_bits,
+    check_round_to_bits_hidden,
+)
 from ampteach.grading.checks.scale_log import check_scale_log_diagnosis, check_scale_log_unseen
 from ampteach.grading.checks.sort_cast_lists import (
     CAST_LIST_OPS,
@@ -46,7 +52,7 @@ from ampteach.grading.checks.when_amp_is_wrong import check_clip_threshold, chec
 
 MODULES = ("bf16_rounding", "loss_scale_update", "master_step", "sort_cast_lists", "amp_throughput",
            "when_amp_is_wrong", "grad_scaler", "autocast_mode", "transformer_dtypes", "static_scale", "scale_log",
-           "bug_hunt", "mx_blocks")
+           "bug_hunt", "mx_blocks", "promoted_accumulation")
 
 
 def _registry() -> dict[str, str]:
@@ -98,4 +104,5 @@ __all__ = ["CheckFailed", "course_check", "check_round_to_bf16", "check_loss_sca
            "check_autocast_mode", "check_autocast_mode_hidden", "CONFIGS", "POINTS", "check_transformer_dtypes",
            "check_pre_norm_output", "check_flush_and_overflow", "check_static_scale", "check_static_scale_hidden",
            "check_scale_log_diagnosis", "check_scale_log_unseen", "HiddenMLP", "bug_hunt_problem", "check_bug_hunt",
-           "check_bug_hunt_hidden", "ELEMENTS", "check_mx_quantize", "check_mx_quantize_hidden"]
+           "check_bug_hunt_hidden", "ELEMENTS", "check_mx_quantize", "check_mx_quantize_hidden",
+           "check_round_to_bits", "check_round_to_bits_hidden", "check_accumulate", "check_accumulate_hidden"]
