@@ -20,8 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ampteach.amp.formats import (
+    ELEMENT_FORMATS,
     FORMATS,
     FloatFormat,
+    as_format,
     bit_string,
     decode,
     encode,
@@ -102,8 +104,9 @@ def reference_round(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     """
     bias = 2 ** (fmt.exp_bits - 1) - 1
     emin = 1 - bias
-    emax = 2**fmt.exp_bits - (2 if fmt.has_inf else 1) - bias     # "fn": the top exponent holds numbers
-    top_mantissa = Fraction(2**fmt.man_bits - (1 if fmt.has_inf else 2), 2**fmt.man_bits)   # "fn": all ones is NaN
+    emax = 2**fmt.exp_bits - (2 if fmt.has_inf else 1) - bias     # no inf: the top exponent holds numbers
+    fn = fmt.has_nan and not fmt.has_inf                           # "fn": S.1..1.1..1 is NaN, the rest numbers
+    top_mantissa = Fraction(2**fmt.man_bits - (2 if fn else 1), 2**fmt.man_bits)
     largest = float((1 + top_mantissa) * Fraction(2) ** emax)
     v = x.double().numpy()
     with np.errstate(invalid="ignore", over="ignore"):
@@ -322,6 +325,34 @@ def test_round_to_format_keeps_shape_and_handles_non_contiguous():
     assert_same_floats(y, torch_round(x, FORMATS["fp16"]))
 
 
+LAYOUTS = {   # shape -> a float32 tensor of that shape in some memory layout
+    "channels_last": lambda t: t(2, 3, 4, 5).to(memory_format=torch.channels_last),
+    "channels_last_3d": lambda t: t(2, 3, 2, 4, 5).to(memory_format=torch.channels_last_3d),
+    "channels_last, 1x1 images": lambda t: t(2, 3, 1, 1).to(memory_format=torch.channels_last),
+    "transposed": lambda t: t(6, 7).t(),
+    "permuted": lambda t: t(2, 3, 4).permute(2, 0, 1),
+    "sliced (with gaps)": lambda t: t(6, 8)[:, ::2],
+    "expanded (stride 0)": lambda t: t(1, 5).expand(4, 5),
+    "empty, transposed": lambda t: t(0, 3).t(),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("name", TORCH_FORMATS)
+def test_round_to_format_keeps_the_memory_format_as_to_does(name, layout):
+    """x.to(dtype) keeps x's strides (channels_last stays channels_last): round_to_format and round_to_bf16 too."""
+    fmt = like_torch(FORMATS[name])
+    seed = iter(range(10**6))
+    x = LAYOUTS[layout](lambda *shape: random_float32(math.prod(shape), next(seed)).view(shape))
+    ref = torch_round(x, fmt)
+    ours = round_to_format(x, fmt)
+    assert ours.stride() == ref.stride(), f"{layout}: strides {ours.stride()}, x.to() gives {ref.stride()}"
+    assert_same_floats(ours, ref, x)
+    if name == "bf16":
+        assert round_to_bf16(x).stride() == ref.stride()
+        assert_same_floats(round_to_bf16(x), ref, x)
+
+
 # --- the float8_e4m3fn overflow rule across torch versions -----------------------------------------
 
 def test_like_torch_names_the_e4m3fn_overflow_rule_per_version():
@@ -338,6 +369,66 @@ def test_e4m3fn_nan_rule_of_older_torch():
     assert y[:2].tolist() == [448, 448] and y[2:].isnan().all()
     assert math.isnan(decode(encode(465.0, old), old)) and decode(encode(464.0, old), old) == 448
     assert math.copysign(1, decode(encode(-465.0, old), old)) == -1
+
+
+# --- the one registry: MX's element formats beside the storage formats -------------------------------
+
+SUB_BYTE = [name for name, f in ELEMENT_FORMATS.items() if f.bits < 8]   # fp6_e3m2, fp6_e2m3, fp4_e2m1
+
+
+def test_one_registry_that_mx_and_fp8_read():
+    """Each format is defined once, here: mx and fp8 hand out the same objects, and FORMATS stays lesson 1's six."""
+    from ampteach.amp import fp8, mx
+
+    assert list(FORMATS) == ["fp32", "tf32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]
+    assert mx.ELEMENT_FORMATS is ELEMENT_FORMATS is fp8.ELEMENT_FORMATS
+    assert all(ELEMENT_FORMATS[name] is FORMATS[name] for name in ("fp8_e4m3", "fp8_e5m2"))
+    assert fp8.FP8_DTYPES == {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+    for name, dtype in fp8.FP8_DTYPES.items():
+        assert fp8.fp8_max(name) == torch.finfo(dtype).max == FORMATS[name].max
+    for name, fmt in {**FORMATS, **ELEMENT_FORMATS}.items():
+        assert as_format(name) is fmt
+    assert all(mx.element_format(name) is fmt for name, fmt in ELEMENT_FORMATS.items())
+
+
+@pytest.mark.parametrize("name", SUB_BYTE)
+def test_sub_byte_formats_have_no_inf_or_nan_and_saturate(name):
+    """OCP MX v1.0's fp6 and fp4: every bit pattern is a number, decode and encode invert each other, and a
+    value past max (inf too) saturates; NaN has no pattern (encode refuses it, round_to_format keeps it)."""
+    fmt = ELEMENT_FORMATS[name]
+    values = [decode(c, fmt) for c in range(2**fmt.bits)]
+    assert all(math.isfinite(v) for v in values) and fmt.nan_code is None and fmt.inf_code is None
+    assert fmt.max == max(values) == decode(2 ** (fmt.bits - 1) - 1, fmt)     # the top pattern is max
+    assert fmt.values().tolist() == sorted(v for v in values if math.copysign(1, v) > 0)
+    for c, v in enumerate(values):
+        assert encode(v, fmt) == c, (bit_string(c, fmt), v)
+        assert formula(c, fmt) != "NaN pattern"
+    assert encode(math.inf, fmt) == encode(fmt.max * 4, fmt) == fmt.max_code
+    assert round_to_format(f32([math.inf, -1e30, 1e-30]), fmt).tolist() == [fmt.max, -fmt.max, 0.0]
+    assert round_to_format(f32([math.nan]), fmt).isnan().all()
+    with pytest.raises(ValueError, match="no NaN"):
+        encode(math.nan, fmt)
+    assert like_torch(fmt) is fmt
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(st.floats(width=32, allow_nan=False), min_size=1, max_size=64),
+       name=st.sampled_from(SUB_BYTE))
+def test_sub_byte_vector_scalar_and_reference_agree(values, name):
+    fmt = ELEMENT_FORMATS[name]
+    x = f32(values)
+    scalar = f32([decode(encode(v, fmt), fmt) for v in values])
+    assert_same_floats(round_to_format(x, fmt), scalar, x)
+    assert_same_floats(round_to_format(x, fmt), reference_round(x, fmt), x)
+
+
+def test_formats_refuse_impossible_special_values():
+    with pytest.raises(ValueError, match="inf and NaN together"):
+        FloatFormat("bad", 3, 2, has_nan=False)
+    with pytest.raises(ValueError, match="no NaN to overflow to"):
+        FloatFormat("bad", 3, 2, has_inf=False, has_nan=False, overflow="nan")
+    with pytest.raises(ValueError, match="at most 16 bits"):
+        FORMATS["fp32"].values()
 
 
 # --- round_to_bf16, the short version --------------------------------------------------------------

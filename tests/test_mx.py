@@ -10,6 +10,7 @@ casts check the fp8 grids a second time; torchao's to_mx (when installed) checks
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ampteach.amp.formats import round_to_format
 from ampteach.amp.mx import ELEMENT_FORMATS, MXTensor, mx_dequantize, mx_fake_quantize, mx_quantize, round_to_element
 
 FORMATS = list(ELEMENT_FORMATS)
@@ -151,6 +153,18 @@ def test_fp8_rounding_is_torchs_cast(name):
     x = torch.randn(200_000, generator=gen) * torch.exp2(torch.randint(-24, 18, (200_000,), generator=gen).float())
     torch_cast = x.clamp(-fmt.max, fmt.max).to(fmt.torch_dtype).float()
     assert torch.equal(bits(round_to_element(x, name)), bits(torch_cast))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(width=32), min_size=1, max_size=32), st.sampled_from(FORMATS))
+def test_element_rounding_is_the_registry_formats_rounding_saturated(values, name):
+    """round_to_element (MX's fast path) == formats.round_to_format of the same registry format, saturating
+    (MX saturates even e5m2, whose own overflow is inf); inf saturates, NaN stays NaN."""
+    x = torch.tensor(values)
+    ours = round_to_element(x, name)
+    other = round_to_format(x, replace(ELEMENT_FORMATS[name], overflow="saturate"))
+    assert torch.equal(ours.isnan(), other.isnan())
+    assert torch.equal(bits(ours)[~ours.isnan()], bits(other)[~other.isnan()])
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,4 +1,4 @@
-"""Floating-point formats from scratch: fp32, tf32, fp16, bf16 and two fp8s, bit-exact against torch.
+"""Floating-point formats from scratch: fp32, tf32, fp16, bf16, fp8, fp6 and fp4, bit-exact against torch.
 
     from ampteach.amp.formats import FORMATS, decode, encode, round_to_format, ulp
     fp16 = FORMATS["fp16"]
@@ -13,7 +13,13 @@ Every format is the same recipe with different field widths (E exponent bits, M 
     top exponent field (all ones):            inf (mantissa 0) or NaN, IEEE style
 
 with bias = 2^(E-1) - 1. float8_e4m3fn ("fn": finite, NaN only at S.1111.111) has no inf: it spends
-the top exponent on seven more normal numbers (256 .. 448) and one NaN per sign.
+the top exponent on seven more normal numbers (256 .. 448) and one NaN per sign. The fp6 and fp4
+element formats of OCP Microscaling (MX v1.0) have neither inf nor NaN: every pattern is a number.
+
+The one registry of formats is this module. FORMATS holds the formats a tensor is stored in (torch's
+float dtypes, and tf32); ELEMENT_FORMATS the element formats of MX blocks (both fp8s, the same
+objects, plus fp6_e3m2, fp6_e2m3 and fp4_e2m1). ampteach.amp.mx and ampteach.amp.fp8 read them
+from here; as_format(name) finds a format in either.
 
 Three ways in, each written from that definition rather than by calling torch's casts:
 - decode(bits, fmt) / encode(value, fmt): one value at a time, with Python ints and floats.
@@ -38,6 +44,10 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+__all__ = ["FORMATS", "ELEMENT_FORMATS", "FloatFormat", "OVERFLOWS", "E4M3FN_SATURATES_SINCE", "as_format",
+           "like_torch", "decode", "encode", "round_to_bf16", "round_to_format", "ulp", "grid_near", "formula",
+           "bit_string", "format_table"]
+
 OVERFLOWS = ("inf", "saturate", "nan")
 E4M3FN_SATURATES_SINCE = (2, 12)  # pytorch/pytorch#178817: CPU casts saturate instead of giving NaN
 
@@ -49,14 +59,25 @@ _QUIET32 = 0x0040_0000    # the top mantissa bit: set in a quiet NaN
 
 @dataclass(frozen=True)
 class FloatFormat:
-    """A binary floating-point format: FORMATS["fp16"], or your own FloatFormat("fp6_e3m2", 3, 2).
+    """A binary floating-point format: FORMATS["fp16"], or your own FloatFormat("toy_e3m2", 3, 2).
+
+        fp16 = FloatFormat("fp16", 5, 10, torch_dtype=torch.float16)     # FORMATS["fp16"]
+        fp16.max, fp16.min_normal, fp16.eps                              # 65504.0, 6.1e-05, 0.0009765625
 
     value = (-1)^s * 2^(e - bias) * 1.m  (normal), (-1)^s * 2^(1 - bias) * 0.m  (subnormal, e = 0)
 
-    has_inf: IEEE encoding (the top exponent holds inf and NaN). False is the "fn" encoding of
-        float8_e4m3fn: no inf, the top exponent holds normal numbers, NaN only at S.1..1.1..1.
-    overflow: what a value too large for the format becomes: "inf" (IEEE), "saturate" (+-max,
-        float8_e4m3fn in torch >= 2.12) or "nan" (float8_e4m3fn in torch <= 2.11). NaN stays NaN.
+    Args:
+        name (str): the key in FORMATS or ELEMENT_FORMATS, and what tables print.
+        exp_bits (int): E, exponent bits (2..8); bias = 2^(E-1) - 1.
+        man_bits (int): M, mantissa bits (1..23): 2^M numbers per binade.
+        has_inf (bool, default True): IEEE encoding, the top exponent field holds inf and NaN. False:
+            no inf, and the top exponent holds normal numbers (float8_e4m3fn's "fn" encoding).
+        has_nan (bool, default True): False (only with has_inf=False): no NaN either, every pattern
+            is a number (MX's fp6 and fp4). With has_inf=False and has_nan=True, NaN is S.1..1.1..1.
+        overflow (str, default "inf"): what a value too large becomes: "inf" (IEEE), "saturate"
+            (+-max: float8_e4m3fn in torch >= 2.12, MX elements) or "nan" (float8_e4m3fn in torch
+            <= 2.11). NaN stays NaN (a float32 NaN where the format has none).
+        torch_dtype (torch.dtype, optional): torch's dtype for the format, if it has one.
     """
 
     name: str
@@ -65,17 +86,24 @@ class FloatFormat:
     has_inf: bool = True
     overflow: str = "inf"
     torch_dtype: torch.dtype | None = None
+    has_nan: bool = True
 
     def __post_init__(self) -> None:
         if not (2 <= self.exp_bits <= 8 and 1 <= self.man_bits <= 23):
             raise ValueError(f"{self.name}: exp_bits must be 2..8 and man_bits 1..23 (a subset of float32), "
                              f"got {self.exp_bits} and {self.man_bits}")
         if not self.has_inf and self.exp_bits == 8:
-            raise ValueError(f"{self.name}: without inf, 8 exponent bits would reach past float32's range; use has_inf=True")
+            raise ValueError(f"{self.name}: without inf, 8 exponent bits would reach past float32's range; "
+                             "use has_inf=True")
         if self.overflow not in OVERFLOWS:
             raise ValueError(f"{self.name}: overflow must be one of {OVERFLOWS}, got {self.overflow!r}")
         if self.overflow == "inf" and not self.has_inf:
             raise ValueError(f"{self.name} has no inf to overflow to: use overflow='saturate' or 'nan'")
+        if self.has_inf and not self.has_nan:
+            raise ValueError(f"{self.name}: an IEEE top exponent holds inf and NaN together; for a format "
+                             "without NaN pass has_inf=False, has_nan=False, overflow='saturate'")
+        if self.overflow == "nan" and not self.has_nan:
+            raise ValueError(f"{self.name} has no NaN to overflow to: use overflow='saturate'")
 
     @property
     def bits(self) -> int:
@@ -92,7 +120,7 @@ class FloatFormat:
 
     @property
     def emax(self) -> int:
-        """Exponent of the largest finite number: the top field is reserved for inf/NaN unless "fn"."""
+        """Exponent of the largest finite number: the top field is reserved for inf/NaN in IEEE formats."""
         top_field = 2**self.exp_bits - (2 if self.has_inf else 1)
         return top_field - self.bias
 
@@ -105,6 +133,7 @@ class FloatFormat:
     def max(self) -> float:
         """Largest finite value: mantissa all ones, or all ones but the last for "fn" (all ones is NaN)."""
         return decode(self.max_code, self)
+
 
     @property
     def min_normal(self) -> float:
@@ -122,7 +151,8 @@ class FloatFormat:
     @property
     def max_code(self) -> int:
         """Bit pattern of +max (the largest finite magnitude)."""
-        top_mantissa = 2**self.man_bits - 1 if self.has_inf else 2**self.man_bits - 2
+        nan_at_top = self.has_nan and not self.has_inf          # "fn": S.1..1.1..1 is NaN
+        top_mantissa = 2**self.man_bits - (2 if nan_at_top else 1)
         return ((self.emax + self.bias) << self.man_bits) | top_mantissa
 
     @property
@@ -131,10 +161,29 @@ class FloatFormat:
         return (2**self.exp_bits - 1) << self.man_bits if self.has_inf else None
 
     @property
-    def nan_code(self) -> int:
-        """Bit pattern of the NaN encode returns: a quiet NaN (top mantissa bit set), or all ones for "fn"."""
+    def nan_code(self) -> int | None:
+        """Bit pattern of the NaN encode returns: a quiet NaN (top mantissa bit set), all ones for "fn", or
+        None for a format without NaN."""
+        if not self.has_nan:
+            return None
         top = (2**self.exp_bits - 1) << self.man_bits
         return top | (1 << (self.man_bits - 1)) if self.has_inf else top | (2**self.man_bits - 1)
+
+    def values(self) -> Tensor:
+        """fmt.values()[code]: every non-negative finite value (float32), ascending, indexed by bit pattern.
+
+            FORMATS["fp4_e2m1"] -> tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])   (via ELEMENT_FORMATS)
+
+        For formats of at most 16 bits (a table of 2^(bits-1) values).
+        """
+        if self.bits > 16:
+            raise ValueError(f"{self.name} has {self.bits} bits: values() lists 2^(bits-1) numbers, so it takes "
+                             "formats of at most 16 bits; use grid_near(x, fmt) for the numbers near x")
+        codes = torch.arange(2 ** (self.bits - 1))
+        field, mantissa = codes >> self.man_bits, codes & (2**self.man_bits - 1)
+        significand = torch.where(field > 0, mantissa + 2**self.man_bits, mantissa).double()
+        values = torch.ldexp(significand, field.clamp(min=1) - self.bias - self.man_bits).float()
+        return values[values <= self.max]       # past max: inf and NaN patterns
 
 
 FORMATS: dict[str, FloatFormat] = {
@@ -149,14 +198,28 @@ FORMATS: dict[str, FloatFormat] = {
     )
 }
 
+# OCP Microscaling (MX v1.0) element formats: the two fp8s above (the same objects), and three without
+# inf or NaN that saturate at max (fp6_e3m2: 28, fp6_e2m3: 7.5, fp4_e2m1: 6). ampteach.amp.mx reads these.
+ELEMENT_FORMATS: dict[str, FloatFormat] = {
+    "fp8_e4m3": FORMATS["fp8_e4m3"],
+    "fp8_e5m2": FORMATS["fp8_e5m2"],
+    **{f.name: f for f in (
+        FloatFormat("fp6_e3m2", 3, 2, has_inf=False, has_nan=False, overflow="saturate"),
+        FloatFormat("fp6_e2m3", 2, 3, has_inf=False, has_nan=False, overflow="saturate"),
+        FloatFormat("fp4_e2m1", 2, 1, has_inf=False, has_nan=False, overflow="saturate"),
+    )},
+}
+
 
 def as_format(fmt: FloatFormat | str) -> FloatFormat:
-    """FORMATS[name] for a name, the format itself for a FloatFormat."""
+    """as_format("fp16") is FORMATS["fp16"]: a format by name (FORMATS, then ELEMENT_FORMATS), or fmt itself."""
     if isinstance(fmt, FloatFormat):
         return fmt
-    if fmt in FORMATS:
-        return FORMATS[fmt]
-    raise ValueError(f"unknown format {fmt!r}: use one of {list(FORMATS)} or a FloatFormat")
+    for registry in (FORMATS, ELEMENT_FORMATS):
+        if fmt in registry:
+            return registry[fmt]
+    raise ValueError(f"unknown format {fmt!r}: use one of {list(FORMATS)} or {list(ELEMENT_FORMATS)[2:]}, "
+                     "or a FloatFormat")
 
 
 def _check_bits(bits: int, fmt: FloatFormat) -> int:
@@ -179,7 +242,7 @@ def like_torch(fmt: FloatFormat | str, version: str | None = None) -> FloatForma
     (GPU kernels and torch.compile have their own history; check them on your machine.)
     """
     fmt = as_format(fmt)
-    if fmt.has_inf:
+    if fmt.has_inf or not fmt.has_nan:
         return fmt
     major_minor = tuple(int(n) for n in re.findall(r"\d+", version or torch.__version__)[:2])
     return replace(fmt, overflow="saturate" if major_minor >= E4M3FN_SATURATES_SINCE else "nan")
@@ -198,7 +261,7 @@ def decode(bits: int, fmt: FloatFormat | str) -> float:
     mantissa = bits & (2**M - 1)
     if exponent == top and fmt.has_inf:                      # IEEE: inf or NaN
         return sign * math.inf if mantissa == 0 else math.copysign(math.nan, sign)
-    if exponent == top and mantissa == 2**M - 1:             # "fn": S.1..1.1..1 is the only NaN
+    if exponent == top and fmt.has_nan and mantissa == 2**M - 1:   # "fn": S.1..1.1..1 is the only NaN
         return math.copysign(math.nan, sign)
     if exponent == 0:                                        # subnormal: 0.m * 2^emin
         return sign * math.ldexp(mantissa, fmt.emin - M)
@@ -214,6 +277,9 @@ def encode(value: float, fmt: FloatFormat | str) -> int:
     M = fmt.man_bits
     sign_bit = (1 << (fmt.bits - 1)) if math.copysign(1.0, value) < 0 else 0
     if math.isnan(value):
+        if fmt.nan_code is None:
+            raise ValueError(f"{fmt.name} has no NaN (every bit pattern is a number), so NaN has no encoding; "
+                             "MX marks a block holding NaN with its scale code 255 instead")
         return sign_bit | fmt.nan_code
     magnitude = abs(value)
     if magnitude == 0:
@@ -241,7 +307,8 @@ def round_to_bf16(x: Tensor) -> Tensor:
     lowest_kept = (bits >> 16) & 1                     # 1 if the kept part is odd: then a tie rounds up
     rounded = (bits + 0x7FFF + lowest_kept) & ~0xFFFF   # above half a step carries into bit 16; a carry out of
     # the mantissa bumps the exponent (1.11..1 * 2^e -> 2^(e+1)), out of the largest exponent it gives inf
-    return torch.where(x.isnan(), x, rounded.view(torch.float32))   # a NaN could round to inf: keep it
+    out = torch.empty_like(x)   # x's strides, as x.to(torch.bfloat16) keeps them
+    return torch.where(x.isnan(), x, rounded.view(torch.float32), out=out)   # a NaN could round to inf: keep it
 
 
 def round_to_format(x: Tensor, fmt: FloatFormat | str) -> Tensor:
@@ -252,11 +319,12 @@ def round_to_format(x: Tensor, fmt: FloatFormat | str) -> Tensor:
     """
     fmt = as_format(fmt)
     _check_float32(x, "round_to_format")
-    x = x.contiguous()
-    out = torch.empty_like(x)
+    out = torch.empty_like(x)   # x's memory format (channels_last, a transpose), as x.to(dtype) keeps it
+    order = sorted(range(out.dim()), key=lambda d: -out.stride(d))   # dims outermost first in out's memory
+    src, dst = x.permute(order).contiguous(), out.permute(order)     # both in memory order: flat views agree
     # Pieces of 1M values: each of _round_bits' ~25 steps is a pass over its input, and passes over
     # data that stays in the CPU's cache are faster than passes over a large tensor.
-    for part, out_part in zip(x.view(-1).split(_CHUNK), out.view(-1).split(_CHUNK)):
+    for part, out_part in zip(src.view(-1).split(_CHUNK), dst.view(-1).split(_CHUNK)):
         out_part.view(torch.int32).copy_(_round_bits(part.view(torch.int32), fmt))
     return out
 
@@ -313,8 +381,10 @@ def _bits32(code: int, fmt: FloatFormat) -> int:
 
 
 def _nan32(fmt: FloatFormat) -> int:
-    """float32 bits of fmt's NaN (positive): quiet NaN, or exponent and fmt's mantissa bits all ones for "fn"."""
-    return _INF32 | (_QUIET32 if fmt.has_inf else ((1 << fmt.man_bits) - 1) << (23 - fmt.man_bits))
+    """float32 bits of fmt's NaN (positive): quiet NaN, or exponent and fmt's mantissa bits all ones for "fn"
+    (a format without NaN keeps NaN as float32's quiet NaN: there is nothing else to round it to)."""
+    fn = fmt.has_nan and not fmt.has_inf
+    return _INF32 | (((1 << fmt.man_bits) - 1) << (23 - fmt.man_bits) if fn else _QUIET32)
 
 
 def ulp(value: float, fmt: FloatFormat | str) -> float:
@@ -355,7 +425,7 @@ def formula(bits: int, fmt: FloatFormat | str) -> str:
     """
     fmt = as_format(fmt)
     s, e, m = (int(field, 2) for field in bit_string(bits, fmt).split())
-    if e == 2**fmt.exp_bits - 1 and (fmt.has_inf or m == 2**fmt.man_bits - 1):
+    if e == 2**fmt.exp_bits - 1 and (fmt.has_inf or (fmt.has_nan and m == 2**fmt.man_bits - 1)):
         return "all-ones exponent: inf" if fmt.has_inf and m == 0 else "NaN pattern"
     if e == 0:
         return f"(-1)^{s} * 2^(1-{fmt.bias}) * {m}/{2**fmt.man_bits}   (subnormal)"

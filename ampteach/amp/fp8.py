@@ -24,12 +24,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ampteach.amp.mx import ELEMENT_FORMATS, MXTensor, check_options, mx_dequantize, mx_fake_quantize, mx_quantize
+from ampteach.amp.formats import ELEMENT_FORMATS, FORMATS
+from ampteach.amp.mx import MXTensor, check_options, mx_dequantize, mx_fake_quantize, mx_quantize
 
-__all__ = ["FP8_DTYPES", "RECIPES", "quantize_tensorwise", "dequantize", "DelayedScaling", "mx_quantize",
-           "mx_dequantize", "mx_fake_quantize", "MXTensor", "Float8Linear", "convert_to_float8_training", "ELEMENT_FORMATS"]
+__all__ = ["FP8_DTYPES", "RECIPES", "HYBRID", "quantize_tensorwise", "dequantize", "cast_to_fp8", "fp8_dtype",
+           "fp8_max", "DelayedScaling", "mx_quantize", "mx_dequantize", "mx_fake_quantize", "MXTensor",
+           "Float8Linear", "convert_to_float8_training", "ELEMENT_FORMATS"]
 
-FP8_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+FP8_DTYPES = {name: FORMATS[name].torch_dtype for name in ("fp8_e4m3", "fp8_e5m2")}   # from the one registry
 EPS = 1e-12                     # torchao's floor on amax: an all-zero tensor gets scale max / 1e-12
 RECIPES = ("tensorwise", "delayed", "mx")
 ALGOS = ("max", "most_recent")
@@ -37,14 +39,17 @@ HYBRID = {"input": "fp8_e4m3", "weight": "fp8_e4m3", "grad_output": "fp8_e5m2"} 
 
 
 def fp8_dtype(fmt: str) -> torch.dtype:
+    """fp8_dtype("fp8_e4m3") is torch.float8_e4m3fn: the torch dtype of an fp8 format in FORMATS."""
     if fmt not in FP8_DTYPES:
-        raise ValueError(f"fmt must be 'fp8_e4m3' (torch.float8_e4m3fn) or 'fp8_e5m2' (torch.float8_e5m2), got {fmt!r}")
+        raise ValueError(f"fmt must be 'fp8_e4m3' (torch.float8_e4m3fn) or 'fp8_e5m2' (torch.float8_e5m2), "
+                         f"got {fmt!r}")
     return FP8_DTYPES[fmt]
 
 
 def fp8_max(fmt: str) -> float:
-    """448.0 for "fp8_e4m3", 57344.0 for "fp8_e5m2"."""
-    return torch.finfo(fp8_dtype(fmt)).max
+    """fp8_max("fp8_e4m3") == 448.0 (57344.0 for "fp8_e5m2"): FORMATS[fmt].max, the same as torch.finfo's."""
+    fp8_dtype(fmt)
+    return FORMATS[fmt].max
 
 
 def cast_to_fp8(x: Tensor, scale: Tensor, fmt: str) -> Tensor:
@@ -88,7 +93,8 @@ class DelayedScaling:
         if algo not in ALGOS:
             raise ValueError(f"algo must be 'max' (largest amax in the window) or 'most_recent', got {algo!r}")
         if not (isinstance(history_len, int) and history_len >= 1):
-            raise ValueError(f"history_len must be a positive int (Transformer Engine's default is 1024), got {history_len!r}")
+            raise ValueError(f"history_len must be a positive int (Transformer Engine's default is 1024), "
+                             f"got {history_len!r}")
         self.fmt, self.history_len, self.algo, self.margin = fmt, history_len, algo, margin
         self.amax_history = torch.zeros(history_len)   # oldest first, newest last; zeros before any step
         self.scale = torch.tensor(1.0)                 # both updated in place (a module may hold them as buffers)

@@ -29,75 +29,29 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ampteach.amp.formats import ELEMENT_FORMATS, FloatFormat
+
+__all__ = ["ELEMENT_FORMATS", "MXTensor", "mx_quantize", "mx_dequantize", "mx_fake_quantize", "round_to_element",
+           "element_format", "element_codes", "element_values", "shared_exponent", "check_options",
+           "SCALE_ROUNDINGS", "E8M0_BIAS", "E8M0_NAN", "EXPONENT_RANGE"]
+
 SCALE_ROUNDINGS = ("floor", "rceil")
 E8M0_BIAS = 127
 E8M0_NAN = 255
 EXPONENT_RANGE = (-127, 127)   # E8M0 codes 0..254; 255 is NaN
 
 
-@dataclass(frozen=True)
-class ElementFormat:
-    """An MX element format: ELEMENT_FORMATS["fp6_e3m2"]. Finite only: no inf, and NaN only in fp8 e4m3/e5m2.
-
-    value = (-1)^s * 2^(field - bias) * 1.m (normal), (-1)^s * 2^(1 - bias) * 0.m (subnormal, field 0)
-    """
-
-    name: str
-    exp_bits: int
-    man_bits: int
-    max: float                            # largest finite magnitude (the OCP spec's tables)
-    torch_dtype: torch.dtype | None = None
-
-    @property
-    def bits(self) -> int:
-        return 1 + self.exp_bits + self.man_bits
-
-    @property
-    def bias(self) -> int:
-        return 2 ** (self.exp_bits - 1) - 1
-
-    @property
-    def emin(self) -> int:
-        """Exponent of the smallest normal number; subnormals are spaced 2^(emin - M) apart."""
-        return 1 - self.bias
-
-    @property
-    def emax(self) -> int:
-        """Exponent of the largest finite number: floor(log2(max)), the spec's emax_elem."""
-        return math.frexp(self.max)[1] - 1
-
-    def values(self) -> Tensor:
-        """Every non-negative value the format holds, ascending: index i is the bit pattern i (float32)."""
-        codes = torch.arange(2 ** (self.bits - 1))
-        field, mantissa = codes >> self.man_bits, codes & (2**self.man_bits - 1)
-        significand = torch.where(field > 0, mantissa + 2**self.man_bits, mantissa).double()
-        exponent = field.clamp(min=1) - self.bias - self.man_bits
-        values = torch.ldexp(significand, exponent).float()
-        return values[values <= self.max]       # e4m3's top code is NaN, e5m2's top field inf/NaN
-
-
-ELEMENT_FORMATS: dict[str, ElementFormat] = {
-    f.name: f
-    for f in (
-        ElementFormat("fp8_e4m3", 4, 3, 448.0, torch.float8_e4m3fn),
-        ElementFormat("fp8_e5m2", 5, 2, 57344.0, torch.float8_e5m2),
-        ElementFormat("fp6_e3m2", 3, 2, 28.0),
-        ElementFormat("fp6_e2m3", 2, 3, 7.5),
-        ElementFormat("fp4_e2m1", 2, 1, 6.0),
-    )
-}
-
-
-def element_format(elem: ElementFormat | str) -> ElementFormat:
-    if isinstance(elem, ElementFormat):
+def element_format(elem: FloatFormat | str) -> FloatFormat:
+    """element_format("fp4_e2m1") is ELEMENT_FORMATS["fp4_e2m1"] (ampteach.amp.formats' registry); a format itself."""
+    if isinstance(elem, FloatFormat):
         return elem
     if elem not in ELEMENT_FORMATS:
         raise ValueError(f"unknown MX element format {elem!r}: use one of {list(ELEMENT_FORMATS)}")
     return ELEMENT_FORMATS[elem]
 
 
-def round_to_element(v: Tensor, elem: ElementFormat | str) -> Tensor:
-    """round_to_element(torch.tensor([2.5, 7.0]), "fp4_e2m1") -> tensor([2., 6.]): nearest value, ties to even, saturating.
+def round_to_element(v: Tensor, elem: FloatFormat | str) -> Tensor:
+    """round_to_element(torch.tensor([2.5, 7.0]), "fp4_e2m1") -> tensor([2., 6.]): nearest, ties to even, saturating.
 
     |v| ~ n * 2^(E - M), n = round_half_even(|v| / 2^(E - M)), E = max(floor(log2 |v|), emin)
     """
@@ -108,14 +62,14 @@ def round_to_element(v: Tensor, elem: ElementFormat | str) -> Tensor:
     return magnitude.div_(step).round_().mul_(step).copysign_(v)   # round: halves to even; NaN stays NaN
 
 
-def element_codes(values: Tensor, elem: ElementFormat | str) -> Tensor:
+def element_codes(values: Tensor, elem: FloatFormat | str) -> Tensor:
     """Bit patterns (uint8) of values already on the element grid, e.g. from round_to_element."""
     fmt = element_format(elem)
     magnitude_code = torch.searchsorted(fmt.values(), values.abs().contiguous())
     return (magnitude_code | (values.signbit().long() << (fmt.bits - 1))).to(torch.uint8)
 
 
-def element_values(codes: Tensor, elem: ElementFormat | str) -> Tensor:
+def element_values(codes: Tensor, elem: FloatFormat | str) -> Tensor:
     """The float32 values of uint8 bit patterns of an fp6/fp4 element format."""
     fmt = element_format(elem)
     magnitude_bits = fmt.bits - 1
@@ -164,7 +118,7 @@ class MXTensor:
         return element_format(self.elem).bits + 8 / self.block_size
 
 
-def mx_quantize(x: Tensor, elem: ElementFormat | str = "fp8_e4m3", block_size: int = 32,
+def mx_quantize(x: Tensor, elem: FloatFormat | str = "fp8_e4m3", block_size: int = 32,
                 scale_rounding: str = "floor") -> MXTensor:
     """mx = mx_quantize(x, "fp8_e4m3"): blocks of block_size values along the last dim, one E8M0 scale each.
 
@@ -182,7 +136,7 @@ def mx_quantize(x: Tensor, elem: ElementFormat | str = "fp8_e4m3", block_size: i
     return MXTensor(elements, codes, fmt.name, block_size, scale_rounding)
 
 
-def mx_fake_quantize(x: Tensor, elem: ElementFormat | str = "fp8_e4m3", block_size: int = 32,
+def mx_fake_quantize(x: Tensor, elem: FloatFormat | str = "fp8_e4m3", block_size: int = 32,
                      scale_rounding: str = "floor") -> Tensor:
     """mx_dequantize(mx_quantize(x, ...)) in one pass, without storing codes: what an MX matmul multiplies."""
     fmt = element_format(elem)
@@ -199,7 +153,7 @@ def check_options(block_size: int, scale_rounding: str) -> None:
         raise ValueError(f"block_size must be a positive int (the OCP spec uses 32), got {block_size!r}")
 
 
-def _quantize_blocks(x: Tensor, fmt: ElementFormat, block_size: int, scale_rounding: str) -> tuple[Tensor, Tensor]:
+def _quantize_blocks(x: Tensor, fmt: FloatFormat, block_size: int, scale_rounding: str) -> tuple[Tensor, Tensor]:
     """Block exponents (128 where the block holds inf or NaN) and the rounded elements, (..., n_blocks, block_size)."""
     check_options(block_size, scale_rounding)
     if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() == 0:
@@ -223,7 +177,7 @@ def mx_dequantize(mx: MXTensor) -> Tensor:
     return out.flatten(-2)[..., : mx.shape[-1]]
 
 
-def shared_exponent(amax: Tensor, elem: ElementFormat | str, scale_rounding: str = "floor") -> Tensor:
+def shared_exponent(amax: Tensor, elem: FloatFormat | str, scale_rounding: str = "floor") -> Tensor:
     """The block exponent e (int32) for each amax (float32, >= 0), clamped to [-127, 127]; see the module docstring."""
     fmt = element_format(elem)
     if scale_rounding == "floor":
