@@ -1,8 +1,9 @@
 """Loss-scale logs of fp16 runs, made by torch.amp.GradScaler itself, for learning to read them.
 
-    from ampteach.lab.scale_logs import CAUSES, simulate, plot_scale_log
+    from ampteach.lab.scale_logs import CAUSES, real_run, simulate, plot_scale_log
     log = simulate("growth too slow", seed=0)      # [{"step", "scale", "loss", "skipped", "flushed"}, ...]
     plot_scale_log(log, title="run C")
+    log = real_run(seed=0)                         # the same columns from a real fp16 training run (CPU, ~2 s)
 
 Each step draws a batch of gradients (log-normal magnitudes) and a loss, and drives a real
 torch.amp.GradScaler: the step is skipped when S times the largest gradient overflows fp16 (or
@@ -93,6 +94,57 @@ def simulate(cause: str, seed: int = 0) -> list[dict]:
         flushed = _flushed(cfg["center"], cfg["spread"], math.log2(scale)) if scale > 0 else 1.0
         log.append({"step": step, "scale": scale, "loss": loss, "skipped": found_inf,
                     "flushed": flushed if math.isfinite(loss) else math.nan})
+    return log
+
+
+def _blobs(seed: int, n: int = 4096, features: int = 32, classes: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+    """A classification problem: class centres drawn at random, points scattered around them (overlapping
+    enough that the loss stays well above 0, so gradients do not vanish and S does not climb for ever)."""
+    gen = torch.Generator().manual_seed(seed)
+    centres = torch.randn(classes, features, generator=gen) * 0.5
+    y = torch.randint(0, classes, (n,), generator=gen)
+    return centres[y] + torch.randn(n, features, generator=gen), y
+
+
+def real_run(seed: int = 0, steps: int = 400, growth_interval: int = 25, batch: int = 32) -> list[dict]:
+    """The log of a real fp16 training run: a small MLP (32-64-64-10) learning to classify points,
+    its forward pass and loss under torch.autocast("cpu", dtype=torch.float16), backward scaled by a
+    torch.amp.GradScaler with the default init_scale (2^16) and a short growth_interval, so that S
+    climbs until a scaled gradient overflows fp16 and then saws up and down: normal calibration, as it
+    looks in a real run. Per step: the scale S the step used, its loss, whether the scaler skipped it
+    (S backed off), and `flushed`: the share of the weight-gradient entries that an fp32 backward of
+    the same batch makes nonzero and the scaled fp16 backward leaves at zero."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)        # ops this small run fastest on one thread, and a busy machine cannot slow it
+    try:
+        return _real_run(seed, steps, growth_interval, batch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _real_run(seed: int, steps: int, growth_interval: int, batch: int) -> list[dict]:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", growth_interval=growth_interval)
+    x_all, y_all = _blobs(seed)
+    weights = [p for p in model.parameters() if p.dim() == 2]
+    log = []
+    for step in range(steps):
+        rows = torch.arange(step * batch, (step + 1) * batch) % len(x_all)
+        x, y = x_all[rows], y_all[rows]
+        reference = torch.autograd.grad(nn.functional.cross_entropy(model(x), y), weights)   # fp32, unscaled
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = nn.functional.cross_entropy(model(x), y)
+        scale = scaler.get_scale()
+        scaler.scale(loss).backward()
+        alive = sum(int((r != 0).sum()) for r in reference)
+        lost = sum(int(((r != 0) & (p.grad == 0)).sum()) for r, p in zip(reference, weights))
+        scaler.step(optimizer)
+        scaler.update()
+        log.append({"step": step, "scale": scale, "loss": loss.item(), "skipped": scaler.get_scale() < scale,
+                    "flushed": lost / max(alive, 1)})
     return log
 
 

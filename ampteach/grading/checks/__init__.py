@@ -19,7 +19,7 @@ import importlib
 from pathlib import Path
 from typing import Callable
 
-from ampteach.grading.checks.amp_throughput import check_amp_step, check_e6_1_table
+from ampteach.grading.checks.amp_throughput import check_amp_step, check_e6_1_measure, check_e6_1_table
 from ampteach.grading.checks.autocast_mode import check_autocast_mode, check_autocast_mode_hidden
 from ampteach.grading.checks.bf16_rounding import check_round_to_bf16
 from ampteach.grading.checks.bug_hunt import HiddenMLP, bug_hunt_problem, check_bug_hunt, check_bug_hunt_hidden
@@ -99,7 +99,7 @@ def course_check(name: str) -> Callable:
 __all__ = ["CheckFailed", "course_check", "check_round_to_bf16", "check_loss_scale_update", "check_loss_scale_update_hidden",
            "check_master_step",
            "CAST_LIST_OPS", "CHALLENGE_OPS", "check_cast_lists", "check_cast_lists_reasoned", "observe_autocast", "check_amp_step",
-           "check_e6_1_table", "check_clipped_step", "check_clip_threshold", "check_tiny_loss",
+           "check_e6_1_table", "check_e6_1_measure", "check_clipped_step", "check_clip_threshold", "check_tiny_loss",
            "check_grad_scaler", "check_grad_scaler_errors", "check_grad_scaler_hidden_plans",
            "check_autocast_mode", "check_autocast_mode_hidden", "CONFIGS", "POINTS", "check_transformer_dtypes",
            "check_pre_norm_output", "check_flush_and_overflow", "check_static_scale", "check_static_scale_hidden",

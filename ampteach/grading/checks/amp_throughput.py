@@ -1,14 +1,18 @@
 """Exercise E.6.1: one AMP training step graded against torch.amp's recipe, and the measured table.
 
-    from ampteach.grading.checks import check_amp_step, check_e6_1_table
+    from ampteach.grading.checks import check_amp_step, check_e6_1_measure, check_e6_1_table
     check_amp_step(amp_step)                  # fp32, fp16 + GradScaler, bf16: bit-identical to torch.amp
+    check_e6_1_measure(measure, data)         # measure's timing and memory, on a run the check slows down
     check_e6_1_table(rows, device)            # complete, plausible rows beside the textbook's expectations
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
+import time
+import types
 from typing import Callable
 
 import torch
@@ -40,8 +44,8 @@ def compare_models(case: str, mine: nn.Module, ref: nn.Module) -> None:
     for (name, p), q in zip(mine.named_parameters(), ref.parameters()):
         if not torch.equal(p, q):
             diff = (p.detach().float() - q.detach().float()).abs().max().item()
-            raise CheckFailed(f"{case}: parameter {name} differs from torch.amp's recipe (max |difference| {diff:.3g}); "
-                              f"expected the same values bit for bit")
+            raise CheckFailed(f"{case}: parameter {name} differs from torch.amp's recipe "
+                              f"(max |difference| {diff:.3g}); expected the same values bit for bit")
 
 
 def check_amp_step(amp_step: Callable) -> None:
@@ -62,6 +66,183 @@ def check_amp_step(amp_step: Callable) -> None:
     _passed("check_amp_step", "fp32, fp16 + GradScaler and bf16, 3 steps each, bit-identical to torch.amp's recipe")
 
 
+# --- part 2: is `measure` measuring what it says? -------------------------------------------------------
+
+CHECK_BATCH, CHECK_STEPS, CHECK_WARMUP = 64, 16, 3   # the check's own run: 16 steps of 64, 3 of them warm-up
+SLOW_STEPS, DELAY, MOST = 2, 0.5, 4.0   # the first 2 steps and the evaluation are made 0.5-4 s slower each
+
+
+def _sliced(data, n_train: int, n_test: int, clock: _StepClock):
+    """A copy of `data` holding its first n_train / n_test images, whose held-out batches come late (an
+    evaluation longer than the timed steps so far), and which counts the training batches it gives out."""
+    from ampteach.training.data import Preloaded
+
+    if not isinstance(data, Preloaded):
+        raise CheckFailed(f"expected the preloaded FashionMNIST data your measure trains on (the notebook's `data`), "
+                          f"got {type(data).__name__}")
+
+    class SlowHeldOut(type(data)):
+        def batches(self, batch_size, shuffle=True, seed=0, split="train", drop_last=False):
+            if split == "test":
+                clock.sleep(2 * clock.since_warmup())     # evaluation: it must not count as training time
+            for x, y in super().batches(batch_size, shuffle, seed, split, drop_last):
+                if split == "train":
+                    self.given.append(len(x))
+                yield x, y
+
+    fields = {f.name: getattr(data, f.name) for f in dataclasses.fields(data)}
+    fields.update(train_x=data.train_x[:n_train], train_y=data.train_y[:n_train],
+                  test_x=data.test_x[:n_test], test_y=data.test_y[:n_test])
+    small = SlowHeldOut(**fields)
+    small.given = []
+    return small
+
+
+def _names_used(fn: Callable, depth: int = 2) -> set[str]:
+    """The global and attribute names fn's code uses, with those of the notebook functions it calls."""
+    names, seen = set(), set()
+
+    def walk(code: types.CodeType, namespace: dict, level: int) -> None:
+        if code in seen:
+            return
+        seen.add(code)
+        names.update(code.co_names)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                walk(const, namespace, level)
+        for name in code.co_names:
+            other = namespace.get(name)
+            if level and isinstance(other, types.FunctionType) and other.__globals__ is namespace:
+                walk(other.__code__, namespace, level - 1)
+
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        walk(code, fn.__globals__, depth)
+    return names
+
+
+class _StepClock:
+    """Global optimizer hooks: the first SLOW_STEPS steps are a warm-up that costs (the second sleeps long
+    enough to outweigh every later step, judged from the first), and every step's end is timestamped
+    (on CUDA with an event, read after the run, so that nothing here synchronises)."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda, self.starts, self.ends, self.walls, self.optimizers = cuda, [], [], [], []
+        self.slept = 0.0
+
+    def sleep(self, seconds: float) -> None:
+        seconds = min(MOST, max(DELAY, seconds))
+        time.sleep(seconds)
+        self.slept += seconds
+
+    def since_warmup(self) -> float:
+        return time.perf_counter() - self.walls[SLOW_STEPS - 1] if len(self.walls) >= SLOW_STEPS else 0.0
+
+    def pre(self, optimizer, args, kwargs) -> None:
+        step = len(self.ends)
+        if step < SLOW_STEPS:
+            first = self.walls[0] - self.starts[0] if step and not self.cuda else 0.0
+            self.sleep(2 * CHECK_STEPS * first)
+        self.starts.append(time.perf_counter())
+        if optimizer not in self.optimizers:
+            self.optimizers.append(optimizer)
+
+    def post(self, optimizer, args, kwargs) -> None:
+        self.walls.append(time.perf_counter())
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.ends.append(event)
+        else:
+            self.ends.append(self.walls[-1])
+
+    def seconds(self, first: int, last: int) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return self.ends[first].elapsed_time(self.ends[last]) / 1e3
+        return self.ends[last] - self.ends[first]
+
+    def __enter__(self):
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self.handles = [register_optimizer_step_pre_hook(self.pre), register_optimizer_step_post_hook(self.post)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _plausible_memory(peak: float, params: list[torch.Tensor], cuda: bool) -> str | None:
+    """What looks wrong with a peak-memory figure for this model at CHECK_BATCH, or None."""
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    weights = [p for p in params if p.dim() == 2]
+    if cuda:
+        if peak < param_bytes:
+            return (f"peak memory {peak:,.0f} bytes is less than the model's own parameters ({param_bytes:,} bytes): "
+                    f"read torch.cuda.memory_allocated() as the baseline before you build the model, and "
+                    f"reset_peak_memory_stats() before training, so the peak counts the weights, their gradients, "
+                    f"AdamW's moments and the activations")
+        return None
+    first_in = weights[0].shape[1] if weights else 1
+    least = CHECK_BATCH * first_in * 2            # the first layer keeps its input for backward, 2 bytes or more each
+    widths = sum(w.shape[0] + w.shape[1] for w in weights)
+    most = 4 * CHECK_BATCH * widths * 4 + 2 * param_bytes   # every layer's input and output in fp32, 4x, + weights
+    if not least <= peak <= most:
+        return (f"peak_mem_bytes {peak:,.0f} for a batch of {CHECK_BATCH} is not what one batch's saved activations "
+                f"take in this model (between {least:,} and {most:,} bytes: its first layer alone keeps "
+                f"{CHECK_BATCH} x {first_in} inputs): on a CPU, report saved_activation_bytes(model, x, y, precision) "
+                f"for one batch of batch_size images")
+    return None
+
+
+def check_e6_1_measure(measure: Callable, data) -> None:
+    """measure(precision, data, epochs, batch_size, warmup_steps) -> {"samples_per_s", "peak_mem_bytes",
+    "accuracy"}, run by the check for fp32 on 16 batches of 64 with warmup_steps=3, while it makes the
+    first 2 steps and the evaluation slower (each by more than the other steps take together): samples/s
+    must match the speed at which the later steps really ran (so warm-up and evaluation stay out of it,
+    and CUDA time is synchronised); the memory must fit the model and the batch."""
+    names = _names_used(measure)
+    if not names & {"synchronize", "elapsed_time"}:
+        raise CheckFailed("your measure never calls torch.cuda.synchronize(): on a GPU, kernels run asynchronously "
+                          "and the clock would time their launch, not their work. Call it (when the data is on "
+                          "CUDA) before each clock read")
+    clock = _StepClock(getattr(getattr(data, "device", None), "type", "cpu") == "cuda")
+    small = _sliced(data, CHECK_BATCH * CHECK_STEPS, 256, clock)
+    cuda = clock.cuda
+    with clock:
+        row = measure("fp32", small, epochs=1, batch_size=CHECK_BATCH, warmup_steps=CHECK_WARMUP)
+    if not isinstance(row, dict) or not all(isinstance(row.get(k), (int, float)) and math.isfinite(row[k])
+                                            for k in ("samples_per_s", "peak_mem_bytes", "accuracy")):
+        raise CheckFailed(f"expected a dict of three numbers, samples_per_s, peak_mem_bytes and accuracy, "
+                          f"got {row!r:.200}")
+    if len(clock.ends) < CHECK_STEPS or len(small.given) < CHECK_STEPS:
+        raise CheckFailed(f"expected {CHECK_STEPS} optimizer steps on the {CHECK_STEPS} batches of {CHECK_BATCH} "
+                          f"the check passed (epochs=1), saw {len(clock.ends)} steps on {len(small.given)} batches")
+    after = len(clock.ends) - SLOW_STEPS
+    true = CHECK_BATCH * after / clock.seconds(SLOW_STEPS - 1, len(clock.ends) - 1)
+    ratio = row["samples_per_s"] / true
+    if ratio < 0.5:
+        raise CheckFailed(
+            f"your measure reported {row['samples_per_s']:,.0f} samples/s, but the steps after the warm-up ran at "
+            f"{true:,.0f} samples/s: the check made the first {SLOW_STEPS} steps and the evaluation slower (by "
+            f"{clock.slept:.1f} s in all), and your figure slowed down with them. Start the clock after warmup_steps "
+            f"steps and stop it before evaluate()")
+    if ratio > 2.0:
+        sync = ", and call torch.cuda.synchronize() before each clock read (else you time the launches)" if cuda else ""
+        raise CheckFailed(
+            f"your measure reported {row['samples_per_s']:,.0f} samples/s, faster than the {true:,.0f} samples/s at "
+            f"which this machine ran the steps: count only the samples of the steps you timed{sync}")
+    params = [p for opt in clock.optimizers for group in opt.param_groups for p in group["params"]]
+    wrong = _plausible_memory(row["peak_mem_bytes"], params, cuda)
+    if wrong:
+        raise CheckFailed(wrong)
+    if not 0 < row["accuracy"] <= 100:
+        raise CheckFailed(f"expected accuracy in percent (0-100], got {row['accuracy']!r}")
+    _passed("check_e6_1_measure", f"samples/s {ratio:.2f}x the speed the steps ran at (warm-up and evaluation "
+            f"left out); memory fits the model and a batch of {CHECK_BATCH}")
+
+
 def check_e6_1_table(rows: dict[str, dict], device: str = "cpu") -> None:
     """rows[precision] = {"samples_per_s", "peak_mem_bytes", "accuracy"} for fp32, fp16 and bf16 (as
     measured by your `measure`); checks they are complete and plausible and prints them side by side
@@ -78,7 +259,8 @@ def check_e6_1_table(rows: dict[str, dict], device: str = "cpu") -> None:
         if row["accuracy"] <= 1:
             raise CheckFailed(f"{precision}: expected accuracy in percent (0-100), got {row['accuracy']!r}")
     base = rows["fp32"]
-    print(f"{'config':7s} {'samples/s':>10s} {'vs fp32':>8s} {'memory MB':>10s} {'vs fp32':>8s} {'accuracy':>9s} {'vs fp32':>8s}")
+    print(f"{'config':7s} {'samples/s':>10s} {'vs fp32':>8s} {'memory MB':>10s} {'vs fp32':>8s} {'accuracy':>9s} "
+          f"{'vs fp32':>8s}")
     for precision, row in rows.items():
         print(f"{precision:7s} {row['samples_per_s']:10,.0f} {row['samples_per_s'] / base['samples_per_s']:7.2f}x "
               f"{row['peak_mem_bytes'] / 2**20:10.2f} {row['peak_mem_bytes'] / base['peak_mem_bytes']:7.2f}x "
@@ -86,9 +268,9 @@ def check_e6_1_table(rows: dict[str, dict], device: str = "cpu") -> None:
     for precision in ("fp16", "bf16"):
         gap = rows[precision]["accuracy"] - base["accuracy"]
         if abs(gap) > 2.0:
-            raise CheckFailed(f"{precision}: accuracy {rows[precision]['accuracy']:.1f}% is {gap:+.1f} points from fp32's "
-                              f"{base['accuracy']:.1f}%; expected within 2 points (the textbook: 0.5 at convergence). "
-                              f"Same model, seed, data order and epochs for every config?")
+            raise CheckFailed(f"{precision}: accuracy {rows[precision]['accuracy']:.1f}% is {gap:+.1f} points from "
+                              f"fp32's {base['accuracy']:.1f}%; expected within 2 points (the textbook: 0.5 at "
+                              f"convergence). Same model, seed, data order and epochs for every config?")
         if device == "cpu" and rows[precision]["peak_mem_bytes"] >= base["peak_mem_bytes"]:
             raise CheckFailed(f"{precision}: expected fewer activation bytes than fp32 "
                               f"({base['peak_mem_bytes']:,}), got {rows[precision]['peak_mem_bytes']:,}: "

@@ -10,6 +10,7 @@ from typing import Callable
 
 import torch
 
+from ampteach.grading.checks.borrowed import Borrowed, package_files
 from ampteach.grading.checks.common import CheckFailed
 from ampteach.grading.checks.common import bits32 as _bits
 from ampteach.grading.checks.common import passed as _passed
@@ -17,8 +18,24 @@ from ampteach.grading.checks.common import passed as _passed
 Case = tuple[str, torch.Tensor]
 
 
+BECAUSE = ("the exercise is to round from the float32 bits yourself, with integer ops on x.view(torch.int32) "
+           "(torch's casts and the course library's rounding are what the check grades you against; compare "
+           "with them after you pass)")
+
+
 def _describe(value: float, bits: int) -> str:
     return f"{value!r} (bits 0x{bits & 0xFFFFFFFF:08x})"
+
+
+def _expected(value: float, bits: int) -> str:
+    """A NaN passes as any NaN (NaN payloads are not graded), so the message names no bits for it."""
+    return "any NaN" if value != value else _describe(value, bits)
+
+
+def _own_rounding(fn: Callable) -> Borrowed:
+    """torch's casts to bf16/fp16 (any aten op with a 16-bit float result, torch.ops.aten included) and
+    every function of the course's own torch.amp rebuild (ampteach/amp: round_to_format, ...) refused."""
+    return Borrowed(getattr(fn, "__name__", "function"), package_files("ampteach.amp"), BECAUSE, half_results=True)
 
 
 # --- build 1: float32 -> bf16, round to nearest even ---------------------------------------------
@@ -37,8 +54,8 @@ class _NoHalfCasts(torch.overrides.TorchFunctionMode):
             tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
             if named or func in (torch.Tensor.bfloat16, torch.Tensor.half) or (
                     func in (torch.Tensor.type_as, torch.Tensor.copy_) and any(t.dtype in self.HALF for t in tensors)):
-                raise CheckFailed(f"your function called torch's own cast (Tensor.{getattr(func, '__name__', func)} with a "
-                                  "16-bit float dtype); the exercise is to round from the float32 bits with integer ops")
+                name = getattr(func, "__name__", func)
+                raise CheckFailed(f"your function called torch's own cast (Tensor.{name} to a 16-bit float): {BECAUSE}")
         return func(*args, **kwargs)
 
 
@@ -67,7 +84,7 @@ def check_round_to_bf16(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """fn(x: float32 tensor) -> float32 tensor of the values x becomes in bf16; graded by x.to(torch.bfloat16)."""
     total = 0
     for name, x in bf16_cases():
-        with _NoHalfCasts():
+        with _NoHalfCasts(), _own_rounding(fn):
             got = fn(x.clone())
         if not isinstance(got, torch.Tensor) or got.shape != x.shape:
             raise CheckFailed(f"{name}: expected a tensor of shape {tuple(x.shape)}, got "
@@ -81,7 +98,8 @@ def check_round_to_bf16(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
             i = int(wrong.nonzero()[0])
             raise CheckFailed(
                 f"{name}: {int(wrong.sum()):,} of {len(x):,} values wrong; first: input "
-                f"{_describe(x[i].item(), int(_bits(x)[i]))}: expected {_describe(want[i].item(), int(_bits(want)[i]))}, "
+                f"{_describe(x[i].item(), int(_bits(x)[i]))}: "
+                f"expected {_expected(want[i].item(), int(_bits(want)[i]))}, "
                 f"got {_describe(got[i].item(), int(_bits(got)[i]))}")
         total += len(x)
     _passed("check_round_to_bf16", f"{total:,} values in 3 cases, bit-exact with x.to(torch.bfloat16)")

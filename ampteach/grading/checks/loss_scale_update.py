@@ -6,14 +6,15 @@
 
 from __future__ import annotations
 
-import contextlib
+import importlib.util
 import math
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
 
-from ampteach.grading.checks.common import CheckFailed, RefuseOps, refusing
+from ampteach.grading.checks.borrowed import Borrowed, package_files
+from ampteach.grading.checks.common import CheckFailed
 from ampteach.grading.checks.common import passed as _passed
 
 
@@ -30,18 +31,20 @@ def hidden_scale_plans(seed: int = 1) -> list[tuple[str, dict, list[bool]]]:
     ]
 
 
-@contextlib.contextmanager
-def _own_work() -> Iterator[None]:
-    """torch's and ampteach's scale updates are refused while the learner's update_scale runs."""
-    from ampteach.amp import scaler as ampteach_scaler
+# torch's GradScaler, in any of its homes (torch.amp, and the deprecated torch.cuda.amp / torch.cpu.amp)
+TORCH_SCALER_MODULES = ("torch.amp.grad_scaler", "torch.cuda.amp.grad_scaler", "torch.cpu.amp.grad_scaler")
+BECAUSE = ("the exercise is to write the rule yourself: what an overflow does to the scale and to the count of "
+           "clean steps, and what a clean step does (torch's GradScaler and the course library's own rule, "
+           "ampteach.amp.scaler.next_scale, are for comparing after you pass)")
 
-    because = "the exercise is to write the update yourself"
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(refusing(torch.amp.GradScaler, ("update", "__init__"), because))
-        stack.enter_context(refusing(ampteach_scaler, tuple(n for n in ("update_scale_",) if hasattr(ampteach_scaler, n)),
-                                     because))
-        stack.enter_context(RefuseOps({torch._amp_update_scale_: because}))
-        yield
+
+def _own_work(update_scale: Callable) -> Borrowed:
+    """torch's scale updates (GradScaler's methods, the _amp_update_scale_ kernel even as torch.ops.aten) and
+    every function of the course's torch.amp rebuild (ampteach/amp: its one loss-scale rule wherever it
+    lives now) are refused while the learner's update_scale runs; the files are looked up at check time."""
+    files = package_files("ampteach.amp", *(m for m in TORCH_SCALER_MODULES if importlib.util.find_spec(m)))
+    return Borrowed(getattr(update_scale, "__name__", "function"), files, BECAUSE,
+                    aten_ops=("_amp_update_scale_", "_amp_update_scale"))
 
 
 def scale_plans(seed: int = 0) -> list[tuple[str, dict, list[bool]]]:
@@ -88,12 +91,12 @@ def check_loss_scale_update_hidden(update_scale: Callable[..., tuple[float, int]
 
 
 def _run_plans(update_scale: Callable, plans: list) -> int:
-    steps = 0
+    steps, guard = 0, _own_work(update_scale)
     for name, settings, plan in plans:
         full = dict(dict(growth_factor=2.0, backoff_factor=0.5, growth_interval=2000), **settings)
         scale, tracker = float(full["init_scale"]), 0
         for step, (found_inf, (want_scale, want_tracker)) in enumerate(zip(plan, _torch_scales(settings, plan))):
-            with _own_work():
+            with guard:
                 got = update_scale(scale, tracker, found_inf, full["growth_factor"], full["backoff_factor"],
                                    full["growth_interval"])
             if not (isinstance(got, tuple) and len(got) == 2):

@@ -11,8 +11,13 @@ from typing import Callable
 
 import torch
 
+from ampteach.grading.checks.borrowed import Borrowed, dispatcher_introspection, notebook_uses, package_files
 from ampteach.grading.checks.common import CheckFailed
 from ampteach.grading.checks.common import passed as _passed
+
+BECAUSE = ("the exercise is to sort the ops yourself, from what observe_autocast shows and from why the lists are "
+           "what they are; the course library's tables (ampteach.amp.cast_lists) and torch's dispatcher registrations "
+           "are the answer key, for after you pass")
 
 
 def _cast_list_calls() -> dict[str, Callable]:
@@ -96,10 +101,40 @@ def _why_wrong(op: str, device: str, got: str | None, want: str | None) -> str:
             f"share a dtype, and is it on this device's promote list? The CPU and CUDA promote lists differ")
 
 
+def _is_answer_key(name: str) -> bool:
+    return name in ("cast_lists", "policy_of", "ops_with_policy") or name.startswith("_dispatch_")
+
+
+def _refuse_answer_keys(fn: Callable) -> None:
+    """An answer read from the library's tables or torch's dispatcher before the check called fn (in
+    another cell) leaves them in the notebook's namespace or in the cells it ran: both are refused."""
+    from ampteach.amp import cast_lists
+
+    keys = {id(cast_lists): "the module ampteach.amp.cast_lists"}
+    for table in ("TABLES", "CUDA", "CPU"):
+        keys[id(getattr(cast_lists, table))] = f"ampteach.amp.cast_lists.{table}"
+    namespace = getattr(fn, "__globals__", {})
+    for name, value in list(namespace.items()):
+        what = keys.get(id(value))
+        if what is None and callable(value) and getattr(value, "__module__", None) == cast_lists.__name__:
+            what = f"ampteach.amp.cast_lists.{getattr(value, '__name__', name)}"
+        if what is not None:
+            raise CheckFailed(f"your notebook holds {what} (as `{name}`): {BECAUSE}. Remove that import, restart the "
+                              f"kernel and run the notebook in order")
+    used = notebook_uses(namespace, _is_answer_key)
+    if used:
+        cells = ", ".join(f"`{name}` in cell In[{number}]" for number, name in used)
+        raise CheckFailed(f"your notebook used {cells}: {BECAUSE}. Take that code out, restart the kernel and run "
+                          f"the notebook in order")
+
+
 def _answer(sort_into_cast_lists: Callable[[], dict], ops: tuple[str, ...]) -> dict:
     from ampteach.amp.cast_lists import POLICIES
 
-    answer = sort_into_cast_lists()
+    _refuse_answer_keys(sort_into_cast_lists)
+    with Borrowed(getattr(sort_into_cast_lists, "__name__", "function"), package_files("ampteach.amp"), BECAUSE,
+                  builtins=dispatcher_introspection, allowed=(observe_autocast,)):
+        answer = sort_into_cast_lists()
     if not isinstance(answer, dict) or set(answer) != {"cpu", "cuda"}:
         raise CheckFailed(f'expected a dict with keys "cpu" and "cuda", got {answer!r:.200}')
     for device in ("cpu", "cuda"):

@@ -9,17 +9,25 @@ autocast uses bfloat16 and the CPU cast lists; CUDA uses float16 and the CUDA li
 tensors when no GPU is present (dtypes are real, values are not). Fake CUDA tensors cannot index
 the packed q/k/v projection, so there its three slices run as three linear ops: the same op, so the
 same autocast policy and dtypes.
+
+The exercise is to predict, so an answer read off a run is refused: a notebook that entered
+torch.autocast or ampteach.autocast before the check (seen at run time in a Jupyter kernel, where
+importing the checks starts a watch on both), or whose cells use a name with "autocast" in it
+(torch.autocast, observe_autocast, torch.set_autocast_enabled, ...) or this module's `measure`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ampteach.grading.checks.borrowed import caller_namespace, notebook_uses
 from ampteach.grading.checks.common import CheckFailed, short
 from ampteach.grading.checks.common import passed as _passed
 
@@ -45,6 +53,75 @@ WHY = {   # the rule behind each point, shown when a prediction is wrong
 }
 NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
          "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+
+
+BECAUSE = ("the exercise is to predict the dtypes from the cast lists and the layer's order of ops, not to read "
+           "them off a run (run the layer under autocast after you pass, as the notebook's last section suggests)")
+_RUNS: list[tuple[dict, str]] = []   # (the namespace of the notebook that entered an autocast region, which one)
+_GRADING = [0]                        # > 0 while a check runs the layer itself
+
+
+def _watched(enter, what: str):
+    @functools.wraps(enter)
+    def recording_enter(self, *args, **kwargs):
+        if not _GRADING[0]:
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_globals.get("__name__") != "__main__":
+                frame = frame.f_back
+            if frame is not None and not any(ns is frame.f_globals and w == what for ns, w in _RUNS):
+                _RUNS.append((frame.f_globals, what))
+        return enter(self, *args, **kwargs)
+    recording_enter.__wrapped_by_ampteach__ = enter
+    return recording_enter
+
+
+def _regions() -> list[tuple[type, str]]:
+    from ampteach.amp.autocast import autocast as ampteach_autocast
+
+    return [(torch.amp.autocast_mode.autocast, "torch.autocast"), (ampteach_autocast, "ampteach.autocast")]
+
+
+def start_watch() -> None:
+    """Record every autocast region a notebook enters from now on (torch's and ampteach's)."""
+    for cls, what in _regions():
+        if not hasattr(cls.__enter__, "__wrapped_by_ampteach__"):
+            cls.__enter__ = _watched(cls.__enter__, what)
+
+
+def stop_watch() -> None:
+    for cls, _ in _regions():
+        cls.__enter__ = getattr(cls.__enter__, "__wrapped_by_ampteach__", cls.__enter__)
+    _RUNS.clear()
+
+
+def _in_a_kernel() -> bool:
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    return shell is not None and type(shell).__name__ != "TerminalInteractiveShell"
+
+
+if _in_a_kernel():   # a Jupyter kernel: the notebook imports the checks before the learner's cells run
+    start_watch()
+
+
+def _refuse_runs(namespace: dict) -> None:
+    ran = [what for ns, what in _RUNS if ns is namespace]
+    if ran:
+        raise CheckFailed(f"your notebook ran code under {' and '.join(ran)} before this check: {BECAUSE}. "
+                          f"Take that code out, restart the kernel and run the notebook in order")
+    used = notebook_uses(namespace, lambda name: "autocast" in name.lower() or name == "transformer_dtypes")
+    if used:
+        cells = ", ".join(f"`{name}` in cell In[{number}]" for number, name in used)
+        raise CheckFailed(f"your notebook used {cells}: {BECAUSE}. Take that code out, restart the kernel and run "
+                          f"the notebook in order")
+
+
+@contextlib.contextmanager
+def _grading() -> Iterator[None]:
+    _GRADING[0] += 1
+    try:
+        yield
+    finally:
+        _GRADING[0] -= 1
 
 
 def _layer(norm_first: bool) -> nn.TransformerEncoderLayer:
@@ -118,17 +195,22 @@ def check_transformer_dtypes(predicted: dict) -> None:
     """predicted[config][point]: the dtype you expect at each point of the post-norm layer, for each of
     CONFIGS; graded against torch.autocast, with the rule behind every wrong prediction."""
     _read(predicted, tuple(CONFIGS), "config")
-    todo = sum(predicted[c].get(p) in (None, "?", ...) for c in CONFIGS for p in POINTS if isinstance(predicted[c], dict))
+    todo = sum(predicted[c].get(p) in (None, "?", ...) for c in CONFIGS for p in POINTS
+               if isinstance(predicted[c], dict))
     if todo:
         raise NotImplementedError(f"{todo} predictions are still '?': fill in every cell of the table first")
+    _refuse_runs(caller_namespace(2))
     wrong, total = [], 0
     for config in CONFIGS:
         row = _read(predicted[config], POINTS, f"point of {config!r}")
         device = CONFIGS[config][0]
-        for point, want in measure(config).items():
+        with _grading():
+            measured = measure(config)
+        for point, want in measured.items():
             got = _dtype(row[point])
             if got is None:
-                raise CheckFailed(f"{config}, {point}: {row[point]!r} is not a dtype; write 'float32', 'bfloat16' or 'float16'")
+                raise CheckFailed(f"{config}, {point}: {row[point]!r} is not a dtype; "
+                                  f"write 'float32', 'bfloat16' or 'float16'")
             total += 1
             if got != want:
                 why = WHY[point] if isinstance(WHY[point], str) else WHY[point][device]
@@ -145,9 +227,12 @@ def check_pre_norm_output(predicted: dict) -> None:
     _read(predicted, tuple(CONFIGS), "config")
     if any(predicted[config] in (None, "?", ...) for config in CONFIGS):
         raise NotImplementedError("some pre-norm predictions are still '?': fill them in first")
+    _refuse_runs(caller_namespace(2))
     wrong = []
     for config in CONFIGS:
-        got, want = _dtype(predicted[config]), measure(config, norm_first=True)["output"]
+        with _grading():
+            want = measure(config, norm_first=True)["output"]
+        got = _dtype(predicted[config])
         if got != want:
             wrong.append(f"{config}: you said {predicted[config]!r}")
     if wrong:
