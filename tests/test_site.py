@@ -219,8 +219,8 @@ def test_each_lesson_links_its_exercises_and_the_lessons_before_and_after_it(ind
     around = SECTIONS[max(index - 1, 0):index + 2]
     wanted += [Path("notebooks", f"{s.lesson}.ipynb") for s in around if s is not section]
     missing = [p.as_posix() for p in wanted if p not in linked]
-    assert not missing, (f"lesson {lesson_number(section.lesson)} ({lesson}) has no link to {missing}: the course map "
-                         f"places those exercises after it, and the lessons are read in order")
+    assert not missing, (f"lesson {lesson_number(section.lesson)} ({lesson}) has no link to {missing} (the exercises "
+                         f"the course map places after it, the lessons before and after it)")
 
 
 # ---------------------------------------------------------------- a small course made here
