@@ -1,5 +1,6 @@
 """The `ampteach` command: doctor, bench, grade, data.
 
+    ampteach start [DIR]             # your own course folder (lessons, exercises), opened in JupyterLab
     ampteach doctor                  # what this machine can do with mixed precision, and what to use
     ampteach bench --device auto     # E.6.1: fp32 vs fp16 vs bf16, torch.amp vs ampteach
     ampteach grade exercises/*.ipynb # run the check cells, print a per-check table and a score
@@ -17,6 +18,7 @@ import sys
 
 # subcommand -> module with add_arguments(parser) and run(args) -> exit code
 COMMANDS = {
+    "start": "ampteach.tools.start",
     "doctor": "ampteach.tools.doctor",
     "bench": "ampteach.tools.bench",
     "grade": "ampteach.grading.grade",
