@@ -22,8 +22,15 @@ from typing import Callable
 from ampteach.grading.checks.amp_throughput import check_amp_step, check_e6_1_measure, check_e6_1_table
 from ampteach.grading.checks.autocast_mode import check_autocast_mode, check_autocast_mode_hidden
 from ampteach.grading.checks.bf16_rounding import check_round_to_bf16
+from ampteach.grading.checks.bf16_weight_decay import (
+    check_decay_is_lost,
+    check_decay_is_lost_hidden,
+    check_keep_decay,
+    check_keep_decay_hidden,
+)
 from ampteach.grading.checks.bug_hunt import HiddenMLP, bug_hunt_problem, check_bug_hunt, check_bug_hunt_hidden
 from ampteach.grading.checks.common import CheckFailed
+from ampteach.grading.checks.fp16_attention import check_fp16_attention, check_fp16_attention_hidden
 from ampteach.grading.checks.grad_scaler import (
     check_grad_scaler,
     check_grad_scaler_errors,
@@ -52,7 +59,7 @@ from ampteach.grading.checks.when_amp_is_wrong import check_clip_threshold, chec
 
 MODULES = ("bf16_rounding", "loss_scale_update", "master_step", "sort_cast_lists", "amp_throughput",
            "when_amp_is_wrong", "grad_scaler", "autocast_mode", "transformer_dtypes", "static_scale", "scale_log",
-           "bug_hunt", "mx_blocks", "promoted_accumulation")
+           "bug_hunt", "mx_blocks", "promoted_accumulation", "fp16_attention", "bf16_weight_decay")
 
 
 def _registry() -> dict[str, str]:
@@ -105,4 +112,6 @@ __all__ = ["CheckFailed", "course_check", "check_round_to_bf16", "check_loss_sca
            "check_pre_norm_output", "check_flush_and_overflow", "check_static_scale", "check_static_scale_hidden",
            "check_scale_log_diagnosis", "check_scale_log_unseen", "HiddenMLP", "bug_hunt_problem", "check_bug_hunt",
            "check_bug_hunt_hidden", "ELEMENTS", "check_mx_quantize", "check_mx_quantize_hidden",
-           "check_round_to_bits", "check_round_to_bits_hidden", "check_accumulate", "check_accumulate_hidden"]
+           "check_round_to_bits", "check_round_to_bits_hidden", "check_accumulate", "check_accumulate_hidden",
+           "check_fp16_attention", "check_fp16_attention_hidden", "check_decay_is_lost", "check_decay_is_lost_hidden",
+           "check_keep_decay", "check_keep_decay_hidden"]
