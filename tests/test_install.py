@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import site
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from ampteach.grading.exercises import learner_notebooks, render
 
 ROOT = Path(__file__).parents[1]
 
@@ -38,7 +39,8 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     assert build.returncode == 0, build.stdout + build.stderr
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    purelib = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+    purelib = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
+                                   "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                   capture_output=True, text=True, check=True).stdout.strip())
     (purelib / "parent-env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     wheel = next((tmp / "dist").glob("ampteach-*.whl"))
@@ -86,14 +88,33 @@ def test_the_results_tables_ship_with_the_package(installed, elsewhere):
     code = "from ampteach.tools.bench import load_results; print(sorted(r['device']['name'] for r in load_results()))"
     out = run([str(bin_dir / "python"), "-c", code], elsewhere, env)
     assert out.returncode == 0, out.stderr
-    in_source = sorted(json.loads(p.read_text())["device"]["name"] for p in (ROOT / "ampteach" / "results").glob("*.json"))
+    in_source = sorted(json.loads(p.read_text())["device"]["name"]
+                       for p in (ROOT / "ampteach" / "results").glob("*.json"))
     assert in_source and out.stdout.strip() == str(in_source)
+
+
+def test_start_prepares_a_course_folder_from_the_installed_copy(installed, elsewhere):
+    bin_dir, env = installed
+    out = run([str(bin_dir / "ampteach"), "start", "--no-lab"], elsewhere, env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    folder = elsewhere / "ampteach-course"
+    assert "installed with ampteach" in out.stdout and str(bin_dir.parent) in out.stdout, out.stdout
+    lessons = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+    assert sorted(p.name for p in (folder / "notebooks").glob("*.ipynb")) == lessons
+    generated = learner_notebooks(ROOT / "solutions")
+    handed_out = {p.name: p.read_text() for p in (folder / "exercises").glob("*.ipynb")}
+    assert len(handed_out) >= 13 and all(text == generated.get(name) for name, text in handed_out.items())
+    mine = folder / "exercises" / "build_2_loss_scale_update.ipynb"
+    mine.write_text(mine.read_text().replace("raise NotImplementedError()", "return 1.0  # mine"))
+    again = run([str(bin_dir / "ampteach"), "start", "--no-lab"], elsewhere, env)
+    assert again.returncode == 0 and "kept 1 file(s) you changed" in again.stdout, again.stdout + again.stderr
+    assert "# mine" in mine.read_text()
 
 
 def test_grade_runs_from_any_directory(installed, elsewhere):
     bin_dir, env = installed
     exercise = elsewhere / "build_2_loss_scale_update.ipynb"
-    shutil.copyfile(ROOT / "exercises" / exercise.name, exercise)
+    exercise.write_text(render(ROOT / "solutions" / exercise.name))
     out = run([str(bin_dir / "ampteach"), "grade", exercise.name], elsewhere, env)
     text = out.stdout + out.stderr
     assert out.returncode == 1, text                      # an untouched exercise does not pass...
