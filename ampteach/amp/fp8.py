@@ -86,6 +86,12 @@ class DelayedScaling:
     window = the last history_len amaxes, this one included; a = max(window) (NaN ignored, as fmaxf
     does) or the newest ("most_recent"); scale <- float32(float32(max * 2^-margin) / a) when a is
     finite and > 0, else the previous scale (1 at the start); a scale that overflows becomes FLT_MAX.
+
+    Args:
+        fmt (str, default "fp8_e4m3"): the fp8 format cast to, "fp8_e4m3" or "fp8_e5m2" (FORMATS).
+        history_len (int, default 1024): amaxes kept (Transformer Engine's amax_history_len).
+        algo (str, default "max"): "max" of the window, or "most_recent" amax (amax_compute_algo).
+        margin (int, default 0): the scaled amax lands at max * 2^-margin, leaving headroom.
     """
 
     def __init__(self, fmt: str = "fp8_e4m3", history_len: int = 1024, algo: str = "max", margin: int = 0):
@@ -234,12 +240,17 @@ class Float8Linear(nn.Linear):
 
         layer = Float8Linear.from_float(nn.Linear(784, 256), recipe="delayed", history_len=16)
 
-    out = fp8(x) @ fp8(weight).T + bias, float32 accumulation; the bias is added in float32. recipe:
-    "tensorwise" (torchao's default), "delayed" (options history_len, algo, margin: DelayedScaling's)
-    or "mx" (options scale_rounding, "rceil" by default as in Transformer Engine's MXFP8, block_size, and
-    elements, an MX element format per role: {"input": "fp4_e2m1", "weight": "fp4_e2m1"} trains in MXFP4).
-    Delayed scaling keeps its histories and scales as buffers (input_amax_history, input_scale, ...),
-    so they are saved with the state_dict; in eval mode it casts with them and records nothing.
+    out = fp8(x) @ fp8(weight).T + bias, float32 accumulation; the bias is added in float32. Delayed
+    scaling keeps its histories and scales as buffers (input_amax_history, input_scale, ...), so they
+    are saved with the state_dict; in eval mode it casts with them and records nothing.
+
+    Args:
+        in_features, out_features, bias, device, dtype: as nn.Linear's.
+        recipe (str, default "tensorwise"): how each tensor gets its scale: "tensorwise" (torchao's
+            default), "delayed" (Transformer Engine's DelayedScaling) or "mx" (a scale per 32 values).
+        **recipe_options: "delayed" takes history_len, algo, margin (DelayedScaling's); "mx" takes
+            scale_rounding ("rceil" by default, as Transformer Engine's MXFP8), block_size, and elements,
+            an MX element format per role: {"input": "fp4_e2m1", "weight": "fp4_e2m1"} trains in MXFP4.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, recipe: str = "tensorwise",

@@ -35,6 +35,8 @@ from ampteach.amp.kahan import kahan_add_
 from ampteach.amp.master import MasterWeights
 from ampteach.amp.stochastic_rounding import round_stochastic
 
+__all__ = ["HalfWeights", "ROUNDINGS"]
+
 ROUNDINGS = ("nearest", "kahan", "stochastic")
 _COMPENSATION = "kahan_compensation."   # state_dict key prefix of the compensation buffers
 
@@ -49,7 +51,12 @@ class HalfWeights(MasterWeights):
     Per half parameter w with fp32 working copy m: m = float(w), m.grad = float(w.grad); the
     optimizer updates m; then u = m - float(w) and w <- rounding(w, u). Parameters that are already
     fp32 (norm layers kept fp32 by to_half) are their own working copy, as in MasterWeights.
-    generator: the torch.Generator "stochastic" draws from (default: torch's global one).
+
+    Args:
+        model (nn.Module): a model whose weights are already half (to_half(model, torch.bfloat16)).
+        rounding (str, default "kahan"): how the fp32 result is written back: "nearest" (w.add_(u)),
+            "kahan" (a half compensation buffer per weight) or "stochastic" (bf16 weights only).
+        generator (torch.Generator, optional): what "stochastic" draws from (default: torch's global one).
     """
 
     def __init__(self, model: nn.Module, rounding: str = "kahan", generator: torch.Generator | None = None):

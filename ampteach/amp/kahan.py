@@ -27,10 +27,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+__all__ = ["kahan_add_"]
+
 
 @torch.no_grad()
 def kahan_add_(weight: Tensor, update: Tensor, compensation: Tensor) -> Tensor:
-    """weight += update, in place, with the rounding error kept in compensation (same dtype and shape as weight).
+    """kahan_add_(w, u, c): weight += update in place, the rounding error kept in compensation (weight's dtype, shape).
+
+        c <- c + u;  t <- w;  w <- w + c;  c <- c + (t - w)
 
     update may be fp32 (an optimizer's result): c + u is computed in fp32 and rounded once into c.
     Returns weight. weight + compensation, summed exactly, is the running total of every update, up to

@@ -81,7 +81,18 @@ def element_values(codes: Tensor, elem: FloatFormat | str) -> Tensor:
 class MXTensor:
     """What mx_quantize returns: element codes plus one E8M0 scale code per block; mx_dequantize(mx) reads it.
 
+        mx = mx_quantize(x, "fp4_e2m1")
+        mx.scale_exponents, mx.element_values(), mx.dequantize(), mx.bits_per_value()   # ..., 4.25
+
     value[..., i] = element[..., i] * 2^(scale_codes[..., i // block_size] - 127)
+
+    Args:
+        elements (Tensor): x's shape; torch.float8_e4m3fn/e5m2 values for MXFP8, uint8 bit patterns
+            for MXFP6/MXFP4 (ELEMENT_FORMATS[elem].values()[code] is a pattern's magnitude).
+        scale_codes (Tensor): uint8, shape (*x.shape[:-1], number of blocks): E8M0 codes, 255 = NaN.
+        elem (str): the element format's name in ELEMENT_FORMATS.
+        block_size (int): values per shared scale along the last dimension (32 in the OCP spec).
+        scale_rounding (str): how the shared exponent was chosen, "floor" or "rceil".
     """
 
     elements: Tensor        # x's shape: torch.float8_e4m3fn/e5m2 for MXFP8, uint8 bit patterns for MXFP6/MXFP4

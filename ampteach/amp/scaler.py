@@ -44,8 +44,6 @@ from ampteach.amp.unscale_kernels import PerDevice, step_fused, unscale_grads_
 __all__ = ["GradScaler", "OptState", "StaticLossScaler", "next_scale", "update_scale_", "FLOAT32_MAX"]
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
-_SCALING_STATE = frozenset({"_init_scale", "_scale", "_per_optimizer_states", "_growth_factor", "_backoff_factor",
-                            "_growth_interval", "_init_growth_tracker", "_growth_tracker"})
 
 
 class OptState(Enum):
@@ -73,13 +71,14 @@ def next_scale(scale, tracker, found, growth_factor: float, backoff_factor: floa
                           S <- float32(S * growth_factor) if that is finite; tracker <- 0
     Products in float64 rounded once to float32, the tracker an int32 that wraps: torch's kernel
     (torch._amp_update_scale_). GradScaler.update() runs it on Python numbers on the CPU (a 0-d
-    tensor op costs microseconds, a multiply nanoseconds), elsewhere on tensors (update_scale_).
+    tensor op costs microseconds, a multiply nanoseconds), elsewhere on tensors (update_scale_); the
+    arguments are all numbers or all tensors (scale, tracker and found).
     """
-    tracker = _where(found, 0, _int32(tracker + 1))          # clean steps in a row
+    where, float32, isfinite, int32 = _NUMBER_OPS if isinstance(scale, (int, float)) else _TENSOR_OPS
+    tracker = where(found, 0, int32(tracker + 1))          # clean steps in a row
     grow = tracker == growth_interval
-    grown = _float32(scale * growth_factor)
-    backed_off = _float32(scale * backoff_factor)
-    return _where(found, backed_off, _where(grow & _isfinite(grown), grown, scale)), _where(grow, 0, tracker)
+    grown, backed_off = float32(scale * growth_factor), float32(scale * backoff_factor)
+    return where(found, backed_off, where(grow & isfinite(grown), grown, scale)), where(grow, 0, tracker)
 
 
 def update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: torch.Tensor,
@@ -94,29 +93,17 @@ def update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: 
     growth_tracker.copy_(new_tracker)
 
 
-_NUMBER = (bool, int, float)   # each helper takes a Python number or a tensor, so that next_scale serves both
-
-
-def _where(condition, if_true, if_false):
-    return (if_true if condition else if_false) if isinstance(condition, _NUMBER) else \
-        torch.where(condition, if_true, if_false)
-
-
-def _int32(n):   # wrapped into int32's range, as an int32 tensor wraps by itself
-    return (n + 2**31) % 2**32 - 2**31 if isinstance(n, int) else n
-
-
-def _isfinite(x):
-    return math.isfinite(x) if isinstance(x, _NUMBER) else x.isfinite()
-
-
-def _float32(x, _f32=struct.Struct("f")):   # to the nearest float32, +-inf past its range (C's (float)x)
-    if not isinstance(x, _NUMBER):
-        return x.float()
+def _float32(x: float, _f32=struct.Struct("f")) -> float:   # noqa: B008 (one Struct, made once)
+    """x rounded to the nearest float32, +-inf past its range (C's (float)x, as torch's kernel)."""
     try:
         return _f32.unpack(_f32.pack(x))[0]
     except OverflowError:
         return math.copysign(math.inf, x)
+
+
+# next_scale's four operations (where, round to float32, isfinite, wrap to int32) on tensors and on numbers
+_TENSOR_OPS = (torch.where, torch.Tensor.float, torch.Tensor.isfinite, lambda n: n)   # int32 tensors wrap
+_NUMBER_OPS = (lambda c, a, b: a if c else b, _float32, math.isfinite, lambda n: (n + 2**31) % 2**32 - 2**31)
 
 
 # -- what every loss scaler shares -----------------------------------------------------------------------
@@ -137,11 +124,13 @@ class _LossScaler:
         self._found_last_iteration: list[torch.Tensor | bool] = []
         self._groupings: dict[int, tuple] = {}   # id(optimizer) -> its gradients grouped (unscale_kernels)
 
-    def __getattr__(self, name: str) -> Any:
-        """Called only for a missing attribute: say why a disabled scaler has no scaling state."""
-        if name in _SCALING_STATE and not self.__dict__.get("_enabled", True):
-            raise checks.disabled_attribute_error(type(self).__name__, name)
-        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+    def _state(self, name: str) -> Any:
+        """self.<name>, or torch's AttributeError with the reason: a disabled scaler keeps no scaling state.
+        (Not __getattr__: a class with one loses CPython's fast attribute lookups, a microsecond per update.)"""
+        try:
+            return self.__dict__[name]
+        except KeyError:
+            raise checks.missing_attribute(self, name) from None
 
     # -- the three calls of a training step ---------------------------------------------------------
 
@@ -183,7 +172,7 @@ class _LossScaler:
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError(checks.UNSCALE_AFTER_STEP)
         # 1/S in float64, rounded once to float32 (MPS has no float64: there torch divides in float32)
-        inv_scale = scale.reciprocal() if scale.device.type == "mps" else scale.double().reciprocal().float()
+        inv_scale = scale.reciprocal() if scale.is_mps else scale.double().reciprocal().float()
         found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
         state["found_inf_per_device"] = self._unscale_grads_(optimizer, inv_scale, found_inf, False)
         state["stage"] = OptState.UNSCALED
@@ -252,10 +241,11 @@ class _LossScaler:
     # -- torch's private protocol, for optimizers that unscale themselves (_step_supports_amp_scaling) ----
 
     def _get_scale_async(self) -> torch.Tensor | None:
-        return self._scale
+        return self._state("_scale")
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[torch.device, torch.Tensor]:
         """Check the optimizer's (still scaled) gradients for inf/NaN without unscaling; record and return the flags."""
+        self._state("_scale")
         scale = self._require_scale("_check_inf_per_device")
         found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
         state = self._per_optimizer_states[id(optimizer)]
@@ -263,7 +253,7 @@ class _LossScaler:
         return state["found_inf_per_device"]
 
     def _found_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[torch.device, torch.Tensor]:
-        return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+        return self._state("_per_optimizer_states")[id(optimizer)]["found_inf_per_device"]
 
     def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor | None,
                         found_inf: torch.Tensor, allow_fp16: bool) -> dict[torch.device, torch.Tensor]:
@@ -294,6 +284,8 @@ class _LossScaler:
             self._scale = torch.full((), self._init_scale, dtype=torch.float32, device=device)
         except RuntimeError as error:
             raise RuntimeError(checks.init_scale_overflows(self._init_scale)) from error
+        if self._history is not None:   # (unpickled onto another device) the history follows S
+            self._history = self._history.to(device)
 
     def _require_scale(self, funcname: str) -> torch.Tensor:
         if self._scale is None:
@@ -312,8 +304,8 @@ class _LossScaler:
     def _record_scale(self) -> None:
         """Append S to the history buffer on S's device (no host sync), doubling the buffer when it is full."""
         n, buffer = self._history_len, self._history
-        if buffer is None or n == buffer.numel() or buffer.device != self._scale.device:
-            grown = torch.empty(max(64, 2 * n), dtype=torch.float32, device=self._scale.device)
+        if buffer is None or n == len(buffer):
+            grown = self._scale.new_empty(max(64, 2 * n))
             if n:
                 grown[:n].copy_(buffer[:n])
             self._history = buffer = grown
@@ -384,20 +376,20 @@ class GradScaler(_LossScaler):
         self._growth_tracker = torch.full((), self._init_growth_tracker, dtype=torch.int32, device=device)
 
     def _update_scale(self) -> None:
-        """S from the found_inf flags of every optimizer on every device (summed), by next_scale."""
-        found_infs = [found.to(self._scale.device, non_blocking=True)
-                      for state in self._per_optimizer_states.values()
+        """S by next_scale, from the found_inf flags of every optimizer on every device: any inf/NaN counts."""
+        found_infs = [found for state in self._per_optimizer_states.values()
                       for found in state["found_inf_per_device"].values()]
         if not found_infs:
             raise AssertionError(checks.NO_STEP_BEFORE_UPDATE)
-        found_inf = functools.reduce(torch.add, found_infs)   # any optimizer's inf/NaN counts
         interval = operator.index(self._growth_interval)
-        if self._scale.device.type == "cpu":   # reading a CPU tensor is no device sync: the rule in Python numbers
-            scale, tracker = next_scale(self._scale.item(), int(self._growth_tracker.item()), found_inf.item() != 0,
-                                        self._growth_factor, self._backoff_factor, interval)
+        if self._scale.is_cpu:   # reading a CPU tensor is no device sync: the rule in Python numbers
+            found = any(f.item() != 0 for f in found_infs)   # (the flags are 0 or positive: as their sum != 0)
+            scale, tracker = next_scale(self._scale.item(), self._growth_tracker.item(), found,
+                                        float(self._growth_factor), float(self._backoff_factor), interval)
             self._scale.fill_(scale)
             self._growth_tracker.fill_(tracker)
         else:
+            found_inf = functools.reduce(torch.add, [f.to(self._scale.device, non_blocking=True) for f in found_infs])
             update_scale_(self._scale, self._growth_tracker, found_inf, self._growth_factor,
                           self._backoff_factor, interval)
 
@@ -410,7 +402,7 @@ class GradScaler(_LossScaler):
             self._scale.copy_(new_scale)
 
     def get_growth_factor(self) -> float:
-        return self._growth_factor
+        return self._state("_growth_factor")
 
     def set_growth_factor(self, new_factor: float) -> None:
         if self._enabled:
@@ -418,7 +410,7 @@ class GradScaler(_LossScaler):
         self._growth_factor = new_factor
 
     def get_backoff_factor(self) -> float:
-        return self._backoff_factor
+        return self._state("_backoff_factor")
 
     def set_backoff_factor(self, new_factor: float) -> None:
         if self._enabled:
@@ -426,7 +418,7 @@ class GradScaler(_LossScaler):
         self._backoff_factor = new_factor
 
     def get_growth_interval(self) -> int:
-        return self._growth_interval
+        return self._state("_growth_interval")
 
     def set_growth_interval(self, new_interval: int) -> None:
         if self._enabled:

@@ -1,4 +1,4 @@
-"""GradScaler's argument checks: what torch refuses, refused alike; what cannot be meant, warned about.
+"""GradScaler's argument checks and misuse messages: what torch refuses, refused alike; what cannot be meant, warned.
 
     from ampteach.amp.scaler_checks import check_factors, check_growth_interval, warn_if_surely_wrong
     check_factors(growth_factor=2.0, backoff_factor=0.5)   # AssertionError where torch raises one
@@ -6,10 +6,10 @@
     warn_if_surely_wrong(init_scale=0.0)                    # UserWarning: accepted by torch, but surely a mistake
 
 Each check raises the exception type torch raises for the same input (tests/test_scaler_dropin.py
-compares them), with a message that says what was passed and what to pass instead. Values torch
-accepts run as they do in torch; where one cannot be meant (a scale of 0, a growth factor of 1), a
-UserWarning says what it will do. ampteach/amp/scaler.py calls these; they hold no state.
-"""
+compares them), with a message that says what was passed and what to pass instead; the messages for
+calls made out of order (UNSCALED_TWICE, STEPPED_TWICE, ...) live here too. Values torch accepts run
+as in torch; where one cannot be meant (a scale of 0, a growth factor of 1), a UserWarning says what
+it will do. ampteach/amp/scaler.py calls these; they hold no state."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch
 
 __all__ = ["FIX", "NO_GRADS", "NO_STEP_BEFORE_UPDATE", "PASSES_ITSELF", "PICKLED_MID_ITERATION", "STEPPED_TWICE",
            "UNSCALED_TWICE", "UNSCALE_AFTER_STEP", "check_factors", "check_growth_interval", "check_new_scale",
-           "check_state_dict", "disabled_attribute_error", "init_scale_overflows", "warn_if_surely_wrong"]
+           "check_state_dict", "init_scale_overflows", "missing_attribute", "warn_if_surely_wrong", "SCALING_STATE"]
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
 FIX = "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration."
@@ -103,13 +103,19 @@ def check_state_dict(state_dict: dict) -> None:
                          backoff_factor=state_dict["backoff_factor"], growth_interval=state_dict["growth_interval"])
 
 
-def disabled_attribute_error(cls_name: str, name: str) -> AttributeError:
-    """What reading a disabled scaler's scale, factors or interval raises (torch: an AttributeError too)."""
-    return AttributeError(
-        f"'{cls_name}' object has no attribute '{name}': this scaler is disabled (enabled=False, or "
-        "device='cuda' without CUDA), and a disabled scaler keeps no scale, factors or interval "
-        "(torch.amp.GradScaler raises this AttributeError too). Check scaler.is_enabled() first, or "
-        "build the scaler with enabled=True.")
+SCALING_STATE = frozenset({"_init_scale", "_scale", "_per_optimizer_states", "_growth_factor", "_backoff_factor",
+                           "_growth_interval", "_init_growth_tracker", "_growth_tracker"})   # only when enabled
+
+
+def missing_attribute(scaler, name: str) -> AttributeError:
+    """What reading a missing attribute raises: for a disabled scaler's scale, factors or interval, which it
+    does not keep (torch's disabled GradScaler raises an AttributeError there too), with the reason."""
+    message = f"'{type(scaler).__name__}' object has no attribute '{name}'"
+    if name in SCALING_STATE and not scaler.__dict__.get("_enabled", True):
+        message += (": this scaler is disabled (enabled=False, or device='cuda' without CUDA), and a disabled "
+                    "scaler keeps no scale, factors or interval (torch.amp.GradScaler raises this AttributeError "
+                    "too). Check scaler.is_enabled() first, or build the scaler with enabled=True.")
+    return AttributeError(message)
 
 
 def _reason(name: str, value: float) -> str | None:

@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+__all__ = ["round_stochastic", "round_with_noise"]
+
 _LOW16 = 0xFFFF                 # the 16 bits of an fp32 number that bf16 does not keep
 _NOISE_VALUES = 1 << 16         # the noise is uniform over 0 .. 2^16 - 1
 
@@ -47,7 +49,7 @@ def round_stochastic(x: Tensor, generator: torch.Generator | None = None) -> Ten
 
 
 def round_with_noise(x: Tensor, noise: Tensor) -> Tensor:
-    """round_stochastic with the random numbers given: noise holds int32 values in [0, 2^16), one per value of x.
+    """round_with_noise(x, noise): round_stochastic with the random numbers given (int32 in [0, 2^16), one per value).
 
     bits(result) = (bits(x) + noise) with the low 16 bits cleared; bits are sign and magnitude, so the
     carry moves away from zero for negative x too. Deterministic: the tests feed it every noise value.
