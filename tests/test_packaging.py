@@ -74,7 +74,7 @@ def readme_quickstart_commands() -> list[str]:
 
 def test_readme_quickstart_is_exactly_two_commands_install_and_test():
     install, test = readme_quickstart_commands()
-    assert install.startswith('pip install -e ".[dev]"') and "jupyter lab" in install
+    assert install.startswith('pip install -e ".[dev]"') and "ampteach start" in install
     assert test == "pytest"
     assert "AMPTEACH_DATA" in (ROOT / "README.md").read_text()
 
