@@ -11,6 +11,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -98,7 +99,8 @@ def served():
 ALL_IMAGES_LOADED = """async () => {
     const images = [...document.images];
     images.forEach(img => { img.loading = "eager"; });
-    await Promise.all(images.map(img => img.complete ? null : new Promise(done => { img.onload = img.onerror = done; })));
+    await Promise.all(images.map(img => img.complete ? null
+                                  : new Promise(done => { img.onload = img.onerror = done; })));
     return {broken: images.filter(img => img.naturalWidth === 0).map(img => img.currentSrc.slice(0, 120)),
             count: images.length,
             links: [...document.querySelectorAll("a[href]")].map(a => a.href),
@@ -157,16 +159,32 @@ def test_internal_links_resolve(browser, crawl):
     assert not unlinked, f"pages no other page links to: {unlinked}"
 
 
-def test_search_finds_the_lesson_on_loss_scaling(browser, served):
+def test_search_finds_the_lesson_on_loss_scaling_with_snippets_of_its_text(browser, served):
     _, base = served
     page = browser.new_page()
     errors = watch(page)
     page.goto(base + "search.html?q=GradScaler")
     page.wait_for_selector("ul.search li a", timeout=30_000)
+    page.wait_for_selector("ul.search li p.context", timeout=30_000)     # the snippets load page by page
     hits = page.eval_on_selector_all("ul.search li a", "links => links.map(a => a.getAttribute('href'))")
+    snippets = page.eval_on_selector_all("ul.search li p.context", "ps => ps.map(p => p.textContent)")
     page.close()
     assert any("02_underflow_and_loss_scaling" in hit for hit in hits), hits
+    assert snippets and all("GradScaler" in s or "gradscaler" in s.lower() for s in snippets[:3]), snippets[:3]
+    theme = [s for s in snippets if re.search(r"\b(Light|Dark|System Settings|Contents)\b", s[:80])]
+    assert not theme, f"snippets start with the theme's text: {theme[:2]}"
     assert not errors, errors
+
+
+def test_the_sidebar_shows_a_section_per_lesson(browser, served):
+    _, base = served
+    page = browser.new_page()
+    page.goto(base + "exercises/build_1_bf16_rounding.html")
+    captions = page.eval_on_selector_all("nav.bd-links p.caption", "ps => ps.map(p => p.innerText.trim())")
+    current = page.eval_on_selector("nav.bd-links li.current > a", "a => a.innerText.trim()")
+    page.close()
+    assert captions[:3] == ["Lesson 0", "Lesson 1", "Lesson 2"], captions
+    assert current.startswith("Build it yourself 1"), current
 
 
 # ---------------------------------------------------------------- lesson 2 in JupyterLab
@@ -232,8 +250,9 @@ def jupyterlab(tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(settings))
     port = free_port()
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces")}
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
+           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces")}
     lab = Lab(f"http://127.0.0.1:{port}", tmp_path / "jupyterlab.log", tmp_path)
     with open(lab.log, "w") as log:
         server = subprocess.Popen(
@@ -250,7 +269,8 @@ def jupyterlab(tmp_path):
                     break
                 except OSError:
                     if server.poll() is not None or time.monotonic() > deadline:
-                        pytest.fail(f"JupyterLab did not start (exit code {server.poll()}); its log ends:\n{lab.log_tail()}")
+                        pytest.fail(f"JupyterLab did not start (exit code {server.poll()}); "
+                                    f"its log ends:\n{lab.log_tail()}")
                     time.sleep(0.5)
             yield lab
         finally:
@@ -280,7 +300,8 @@ PAGE_STATE = f"""() => {{
         state.code++;
         if (cell.execution_count === null) state.notRun.push(i);
         if (model.executionState === "running") state.running.push(i);
-        for (const o of cell.outputs) if (o.output_type === "error") state.errors.push(`${{i}}: ${{o.ename}}: ${{o.evalue}}`);
+        for (const o of cell.outputs)
+            if (o.output_type === "error") state.errors.push(`${{i}}: ${{o.ename}}: ${{o.evalue}}`);
     }}
     return state;
 }}"""
@@ -360,7 +381,8 @@ def test_lesson_2_runs_in_jupyterlab_and_its_loss_scale_slider_redraws_the_histo
         # The slider the lesson made, with the histogram it drew at log2 S = 0.
         assert page.evaluate(MARK_SLIDER_CELL) >= 0
         widget = page.locator("[data-test=slider-cell] .widget-vbox", has=page.locator(".widget-slider"))
-        slider, readout, image = widget.locator(".noUi-target"), widget.locator(".widget-readout"), widget.locator("img")
+        slider, readout = widget.locator(".noUi-target"), widget.locator(".widget-readout")
+        image = widget.locator("img")
         image.wait_for(timeout=60_000)
         widget.scroll_into_view_if_needed()
         assert readout.inner_text().strip() == "0"
