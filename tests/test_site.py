@@ -49,6 +49,8 @@ def test_the_site_builds_offline_with_a_page_per_lesson_and_exercise(built):
     missing = [nb for nb in LESSONS + EXERCISES if not (built.out / page_of(nb)).is_file()]
     assert not missing, f"notebooks without a page: {missing}"
     assert set(built.pages) == set(LESSONS + EXERCISES)
+    broken = [w for w in built.warnings if "which is no file of the course" in w]
+    assert not broken, f"links in the lessons or the course map that lead nowhere: {broken}"
     assert not (built.out / "solutions").exists()
     assert not [p for p in built.out.rglob("*") if "solution" in p.name.lower() and p.suffix in (".html", ".ipynb")]
 
