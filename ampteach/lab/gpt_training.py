@@ -1,0 +1,140 @@
+"""The tiny GPT trained in every precision and recipe, through the course's one loop, on a time budget.
+
+    from ampteach.lab.gpt_training import RUNS, step_seconds, plan_steps, train_runs, plot_val_loss, samples
+    data = preload_text(load_shakespeare(), block_size=64, steps_per_epoch=10, eval_windows=128)
+    times = {name: step_seconds(name, data) for name in RUNS}          # the fastest step, per run
+    steps = plan_steps(times, budget_s={"fp32": 90}, default_budget_s=35, max_steps=300, every=10)
+    histories, models = train_runs(data, steps)                         # ampteach.train, one run per recipe
+    fig = plot_val_loss(histories, every=10)
+    print(samples(models, histories, text, "ROMEO:"))                  # each model's text, side by side
+
+Every run starts from the same weights (seed 0) and reads the same batches in the same order, so the
+curves differ only by precision. A CPU without native half-precision arithmetic runs a bf16 or fp16
+step 10-20x slower than an fp32 one, so each run gets as many steps as fit in its time budget, at most
+max_steps, in whole epochs of `every` steps (at least one): on such a machine the half-precision runs
+are shorter, and a lesson compares them with fp32 at the same step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.figure import Figure
+from torch import nn
+
+from ampteach.lab.plots import FORMAT_COLORS, course_style
+from ampteach.training.config import History, TrainConfig
+from ampteach.training.gpt import gpt
+from ampteach.training.machine import best_seconds
+from ampteach.training.seeding import seed_everything
+from ampteach.training.text import CharText, PreloadedText
+from ampteach.training.train import autocast_for, prepare, train, train_step
+
+__all__ = ["RUNS", "config_for", "plan_steps", "plot_val_loss", "samples", "step_seconds", "train_runs"]
+
+RUNS = {   # name -> what differs from TrainConfig(batch_size=32, lr=1e-3, optimizer="adamw")
+    "fp32": dict(precision="fp32"),
+    "bf16 autocast": dict(precision="bf16"),
+    "fp16 autocast + GradScaler": dict(precision="fp16"),
+    "pure bf16": dict(precision="bf16", recipe="half", loss_scale=None),
+    "pure bf16 + fp32 masters": dict(precision="bf16", recipe="master"),
+}
+STYLES = {"fp32": dict(color=FORMAT_COLORS["fp32"], lw=2.0),
+          "bf16 autocast": dict(color=FORMAT_COLORS["bf16"]),
+          "fp16 autocast + GradScaler": dict(color=FORMAT_COLORS["fp16"]),
+          "pure bf16": dict(color="tab:red", ls="--"),
+          "pure bf16 + fp32 masters": dict(color="tab:green", ls=":")}
+
+
+def config_for(name: str, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, **changes) -> TrainConfig:
+    """The TrainConfig of run `name` (a key of RUNS): AdamW at lr, batch_size windows a step, no progress bar."""
+    return TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, progress=False, **{**RUNS[name], **changes})
+
+
+def step_seconds(name: str, data: PreloadedText, make_model: Callable[[], nn.Module] | None = None,
+                 batch_size: int = 32, min_seconds: float = 0.5) -> float:
+    """The fastest training step of run `name` on data (machine.best_seconds; a step slower than min_seconds is
+    timed once). make_model defaults to gpt(65) with the course's shape."""
+    seed_everything(0)
+    model = (make_model or (lambda: gpt(65)))().to(data.device)
+    config = config_for(name, batch_size=batch_size)
+    master, opt, scaler = prepare(model, config)
+    batches = list(data.batches(batch_size, seed=config.seed))
+    state = {"i": 0}
+
+    def step() -> None:
+        x, y = batches[state["i"] % len(batches)]
+        state["i"] += 1
+        train_step(model, x, y, opt, scaler, config, master=master)
+
+    return best_seconds(step, data.device.type, min_seconds=min_seconds, clock="wall")
+
+
+def plan_steps(step_times: dict[str, float], budget_s: dict[str, float] | None = None, default_budget_s: float = 35.0,
+               max_steps: int = 300, every: int = 10) -> dict[str, int]:
+    """name -> training steps: as many whole epochs of `every` steps as fit in the run's budget (budget_s[name],
+    else default_budget_s) at its measured step time, at most max_steps, at least one epoch."""
+    budget_s = budget_s or {}
+    plan = {}
+    for name, seconds in step_times.items():
+        fit = math.floor(budget_s.get(name, default_budget_s) / seconds / every) * every
+        plan[name] = max(every, min(max_steps, fit))
+    return plan
+
+
+def train_runs(data: PreloadedText, steps: dict[str, int], make_model: Callable[[], nn.Module] | None = None,
+               batch_size: int = 32, lr: float = 1e-3) -> tuple[dict[str, History], dict[str, nn.Module]]:
+    """(name -> History, name -> trained model): ampteach.train for each planned run, all from seed 0."""
+    every = data.steps_per_epoch
+    histories, models = {}, {}
+    for name, n in steps.items():
+        if n % every:
+            raise ValueError(f"{name}: {n} steps is not a whole number of epochs of {every} steps "
+                             f"(data.steps_per_epoch)")
+        seed_everything(0)
+        model = (make_model or (lambda: gpt(65)))()
+        histories[name] = train(model, data, config_for(name, epochs=n // every, batch_size=batch_size, lr=lr))
+        models[name] = model
+    return histories, models
+
+
+def plot_val_loss(histories: dict[str, History], every: int, ax=None) -> Figure:
+    """Validation loss (nats per character) after each epoch of `every` steps, one line per run, ln(65) marked."""
+    with course_style():
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(8, 3.8))
+        else:
+            fig = ax.figure
+        for name, h in histories.items():
+            steps = [every * (i + 1) for i in range(len(h.val_loss))]
+            ax.plot(steps, h.val_loss, marker="." if len(steps) < 8 else None, label=name, **STYLES.get(name, {}))
+        ax.axhline(math.log(65), color="0.6", lw=0.8, ls=":")
+        ax.text(every, math.log(65) - 0.12, "ln 65: a model that knows nothing", fontsize=8, color="0.4")
+        ax.set(xlabel="training step", ylabel="validation loss (nats per character)",
+               title="The tiny GPT on Shakespeare, one run per precision and recipe")
+        ax.legend()
+        fig.tight_layout()
+    return fig
+
+
+@torch.no_grad()
+def samples(models: dict[str, nn.Module], histories: dict[str, History], text: CharText, prompt: str = "\n",
+            length: int = 120, width: int = 24, seed: int = 0) -> str:
+    """Each model's continuation of prompt (the same random draws for all), in columns of `width` characters.
+
+    Each model generates in its run's precision: under the run's autocast, or in bf16 weights for pure bf16."""
+    columns = {}
+    for name, model in models.items():
+        config = histories[name].config
+        device = next(model.parameters()).device
+        with autocast_for(config.impl, device.type, config.autocast_precision):
+            ids = model.generate(text.encode(prompt).to(device), length, generator=torch.Generator().manual_seed(seed))
+        columns[name] = text.decode(ids).replace("\n", "⏎")
+    lines = {name: [s[i:i + width] for i in range(0, len(s), width)] for name, s in columns.items()}
+    rows = [[name[:width].ljust(width) for name in columns]]
+    for i in range(max(len(v) for v in lines.values())):
+        rows.append([(v[i] if i < len(v) else "").ljust(width) for v in lines.values()])
+    return "\n".join(" | ".join(row).rstrip() for row in rows)
