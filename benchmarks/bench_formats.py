@@ -10,7 +10,8 @@ normal and take the slower subnormal step, and torch's own casts slow down on fl
 Each time is the median of several repeats, alternating torch and ampteach. With several threads
 every elementwise step is a parallel region, and on a machine busy with other work each of those
 can wait for a time slice: there, --threads 1 measures the code rather than the scheduler. tf32 has no torch dtype
-and fp32 -> fp32 is a no-op in torch, so neither has a ratio; round_to_bf16 (the short, bf16-only version) is timed next to bf16.
+and fp32 -> fp32 is a no-op in torch, so neither has a ratio; round_to_bf16 (the short, bf16-only version) is timed
+next to bf16.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def main() -> None:
                 t_torch, t_ours = median_seconds([lambda v, d=fmt.torch_dtype: v.to(d).float(), fn], x)
                 ratio = t_ours / t_torch
                 worst = max(worst, ratio)
-                print(f"  {impl:<14} torch {t_torch * 1e3:7.1f} ms   ampteach {t_ours * 1e3:7.1f} ms   ratio {ratio:5.1f}x")
+                print(f"  {impl:<14} torch {t_torch * 1e3:7.1f} ms   ampteach {t_ours * 1e3:7.1f} ms   "
+                      f"ratio {ratio:5.1f}x")
     verdict = "meets" if worst <= TARGET else "MISSES"
     print(f"\ntarget: round_to_format at most ~{TARGET:.0f}x torch's cast -> {verdict} (worst {worst:.1f}x)")
 

@@ -87,7 +87,8 @@ def tie_cases(fmt: FloatFormat, codes) -> torch.Tensor:
     float32 values just below and above it, with both signs. Above max, the "next one" is where the
     next binade would continue (max + ulp): that midpoint is the overflow threshold (65520 for fp16)."""
     lows = [decode(c, fmt) for c in codes if c <= fmt.max_code]
-    highs = [decode(c + 1, fmt) if c < fmt.max_code else fmt.max + ulp(fmt.max, fmt) for c in codes if c <= fmt.max_code]
+    highs = [decode(c + 1, fmt) if c < fmt.max_code else fmt.max + ulp(fmt.max, fmt)
+             for c in codes if c <= fmt.max_code]
     exact = torch.tensor([(a + b) / 2 for a, b in zip(lows, highs)], dtype=torch.float64)
     mids = exact.float()
     assert torch.equal(mids.double(), exact), "midpoints of neighbours are exact in float32"

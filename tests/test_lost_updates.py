@@ -1,4 +1,5 @@
-"""ampteach.lab.lost_updates against the rounding rule worked out exactly: lost iff |u| < half the gap, or a tie to even."""
+"""ampteach.lab.lost_updates against the rounding rule worked out exactly: lost iff |u| < half the gap, or a tie
+to even."""
 
 from __future__ import annotations
 

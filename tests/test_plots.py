@@ -64,23 +64,24 @@ def test_bit_layouts_draw_one_box_per_bit_in_the_fields_colours():
 def test_spacing_lines_are_torchs_gaps_between_neighbours(name):
     fig = plot_spacing(["fp32", name])
     gap_panel = fig.axes[0]
-    line = next(l for l in gap_panel.get_lines() if l.get_label() == name)
+    line = next(c for c in gap_panel.get_lines() if c.get_label() == name)
     x, gap = line.get_xdata(), line.get_ydata()
     dtype = FORMATS[name].torch_dtype
     nearest = torch.tensor(x).to(dtype)
-    below = torch.where(nearest.double() > torch.tensor(x), torch.nextafter(nearest, torch.zeros((), dtype=dtype)), nearest)
+    toward_zero = torch.nextafter(nearest, torch.zeros((), dtype=dtype))
+    below = torch.where(nearest.double() > torch.tensor(x), toward_zero, nearest)
     above = torch.nextafter(below, torch.tensor(math.inf, dtype=dtype))
     assert torch.equal(torch.tensor(gap), above.double() - below.double())   # the two torch numbers around x
-    relative = next(l for l in fig.axes[1].get_lines() if l.get_label() == name)
+    relative = next(line for line in fig.axes[1].get_lines() if line.get_label() == name)
     assert np.allclose(relative.get_ydata(), gap / x, rtol=0)
     assert [t.get_text() for t in gap_panel.get_legend().get_texts()] == ["fp32", name]
 
 
 def test_spacing_shows_bf16_finer_than_fp16_below_2_to_the_minus_17():
     fig = plot_spacing(["fp16", "bf16"])
-    lines = {l.get_label(): l for l in fig.axes[0].get_lines()}
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
     x = 2.0**-18
-    gaps = {n: np.interp(math.log2(x), np.log2(l.get_xdata()), l.get_ydata()) for n, l in lines.items()}
+    gaps = {n: np.interp(math.log2(x), np.log2(line.get_xdata()), line.get_ydata()) for n, line in lines.items()}
     assert gaps["bf16"] < gaps["fp16"] == 2.0**-24 == ulp(x, "fp16")
 
 
@@ -92,7 +93,7 @@ def test_ties_arrows_go_where_torch_rounds_and_the_spacing_change_is_marked():
     ends = torch.tensor([a.xy[0] for a in arrows])
     assert starts.tolist() == [2043.5, 2044.5, 2045.5, 2046.5, 2047.5, 2049, 2051, 2053, 2055, 2057]
     assert torch.equal(ends, starts.to(torch.float16).double())
-    assert [l.get_xdata()[0] for l in ax.get_lines()] == [2048]            # the one dashed line
+    assert [line.get_xdata()[0] for line in ax.get_lines()] == [2048]            # the one dashed line
     assert any(t.get_text() == "spacing 1 | 2" for t in ax.texts)
 
 
@@ -118,10 +119,10 @@ def test_runs_draw_smoothed_loss_and_accuracy_per_epoch():
     runs = {"fp32": history([4, 2, 2, 0], [50, 70]), "fp16": history([1, 1, 1, 1], [60, 65])}
     fig = plot_runs(runs, styles={"fp16": {"color": "tab:red", "ls": ":"}}, smooth=2)
     loss_ax, acc_ax = fig.axes
-    loss_lines = {l.get_label(): l for l in loss_ax.get_lines()}
+    loss_lines = {line.get_label(): line for line in loss_ax.get_lines()}
     assert list(loss_lines["fp32"].get_ydata()) == [4, 3, 2, 1]
     assert loss_lines["fp16"].get_linestyle() == ":"
-    acc = {l.get_label(): l for l in acc_ax.get_lines()}
+    acc = {line.get_label(): line for line in acc_ax.get_lines()}
     assert list(acc["fp16"].get_xdata()) == [1, 2] and list(acc["fp16"].get_ydata()) == [60, 65]
 
 
@@ -132,7 +133,7 @@ def test_scales_in_log2_with_every_skipped_step_marked_once_in_the_legend():
     ax = fig.axes[0]
     lines = ax.get_lines()
     assert list(lines[0].get_ydata()) == [3, 4, 3, 3]
-    marks = [l for l in lines if l.get_marker() == "x"]
+    marks = [line for line in lines if line.get_marker() == "x"]
     assert [list(m.get_xdata()) for m in marks] == [[1, 3], [1]]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a", "skipped step (overflow)", "b"]
 

@@ -86,7 +86,8 @@ def tracker(scaler) -> int:
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit-for-bit equality of float32 tensors: unlike torch.equal, NaN == NaN (same payload) and -0 != 0."""
-    return a.dtype == b.dtype == torch.float32 and torch.equal(a.detach().view(torch.int32), b.detach().view(torch.int32))
+    return a.dtype == b.dtype == torch.float32 and torch.equal(a.detach().view(torch.int32),
+                                                              b.detach().view(torch.int32))
 
 
 def assert_same_state(ours, ref, model, ref_model, step) -> None:
@@ -153,7 +154,8 @@ def test_several_optimizers_share_one_scale_and_skip_independently():
         return [torch.optim.SGD(m[0].parameters(), lr=0.05, momentum=0.9), torch.optim.Adam(m[2].parameters(), lr=1e-2)]
 
     opts, ref_opts = optimizers(model), optimizers(ref_model)
-    ours, ref = GradScaler("cpu", init_scale=2.0**8, growth_interval=3), torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=3)
+    settings = dict(init_scale=2.0**8, growth_interval=3)
+    ours, ref = GradScaler("cpu", **settings), torch.amp.GradScaler("cpu", **settings)
     xs, ys = make_data(steps, seed)
     rng = random.Random(seed)
     saw_one_skip = False
@@ -384,7 +386,8 @@ def test_scale_trajectory_matches_torch(init_scale, growth_factor, backoff_facto
 
 
 def test_update_rule_worked_example():
-    """interval 3: ok, ok, ok, ok, inf, ok, ok, ok from 8 -> 8, 8, 16, 16, 8, 8, 8, 16 (the reference sheet's example)."""
+    """interval 3: ok, ok, ok, ok, inf, ok, ok, ok from 8 -> 8, 8, 16, 16, 8, 8, 8, 16 (the reference sheet's
+    example)."""
     scaler = GradScaler("cpu", init_scale=8.0, growth_interval=3)
     p = nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=0.0)
@@ -410,7 +413,8 @@ def test_state_dict_interchanges_with_torch(direction, load_after_first_scale):
     steps, seed = 60, 2
     xs, ys = make_data(steps, seed)
     plan = make_plan(steps, 4, seed, rate=0.2)
-    source_cls, target_cls = (torch.amp.GradScaler, GradScaler) if direction == "torch->ampteach" else (GradScaler, torch.amp.GradScaler)
+    source_cls, target_cls = ((torch.amp.GradScaler, GradScaler) if direction == "torch->ampteach"
+                              else (GradScaler, torch.amp.GradScaler))
     model = make_model()
     opt = OPTIMIZERS["sgd"](model.parameters())
     source = source_cls("cpu", **CONFIGS["odd"])
@@ -434,7 +438,8 @@ def test_state_dict_interchanges_with_torch(direction, load_after_first_scale):
 
 
 def test_disabled_state_dict_is_empty_and_loading_it_fails_like_torch():
-    assert GradScaler("cpu", enabled=False).state_dict() == {} == torch.amp.GradScaler("cpu", enabled=False).state_dict()
+    assert GradScaler("cpu", enabled=False).state_dict() == {} == \
+        torch.amp.GradScaler("cpu", enabled=False).state_dict()
     message = "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
     for cls in (GradScaler, torch.amp.GradScaler):
         with pytest.raises(RuntimeError, match=re.escape(message)):
@@ -457,7 +462,8 @@ def test_getters_and_setters_like_torch():
         scaler.set_growth_factor(4.0)
         scaler.set_backoff_factor(0.125)
         scaler.set_growth_interval(9)
-    for getter in ("get_scale", "get_growth_factor", "get_backoff_factor", "get_growth_interval", "is_enabled", "state_dict"):
+    for getter in ("get_scale", "get_growth_factor", "get_backoff_factor", "get_growth_interval", "is_enabled",
+                   "state_dict"):
         assert getattr(ours, getter)() == getattr(ref, getter)(), getter
     for setter, value in (("set_growth_factor", 1.0), ("set_backoff_factor", 1.5), ("set_growth_interval", 0)):
         getattr(ref, setter)(value)                    # torch's setters take anything; ours too, with a warning
@@ -481,7 +487,7 @@ def misuse_both(steps):
     for cls in (GradScaler, torch.amp.GradScaler):
         p = nn.Parameter(torch.ones(2))
         p.grad = torch.ones(2)
-        errors.append(error_of(lambda: steps(cls("cpu"), torch.optim.SGD([p], lr=0.1), p)))
+        errors.append(error_of(lambda cls=cls, p=p: steps(cls("cpu"), torch.optim.SGD([p], lr=0.1), p)))
     return errors
 
 
@@ -566,7 +572,8 @@ def test_last_step_skipped_survives_update_and_resets_at_the_next_step():
 
 
 def test_get_scale_before_first_scale_is_init_scale_like_torch():
-    assert GradScaler("cpu", init_scale=1024).get_scale() == torch.amp.GradScaler("cpu", init_scale=1024).get_scale() == 1024
+    assert GradScaler("cpu", init_scale=1024).get_scale() == 1024 == \
+        torch.amp.GradScaler("cpu", init_scale=1024).get_scale()
 
 
 # -- StaticLossScaler --------------------------------------------------------------------------------------------
@@ -605,7 +612,8 @@ def test_static_scaler_unscales_exactly_like_torch():
     for skip in (True, False):
         p, q = nn.Parameter(torch.zeros(500)), nn.Parameter(torch.zeros(500))
         p.grad, q.grad = grad.clone(), grad.clone()
-        ours, ref = StaticLossScaler(3.0 * 2**9, skip_nonfinite=skip), torch.amp.GradScaler("cpu", init_scale=3.0 * 2**9)
+        ours = StaticLossScaler(3.0 * 2**9, skip_nonfinite=skip)
+        ref = torch.amp.GradScaler("cpu", init_scale=3.0 * 2**9)
         for scaler, param in ((ours, p), (ref, q)):
             scaler.scale(torch.ones(()))
             scaler.unscale_(torch.optim.SGD([param], lr=0.1))

@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 import gc
 import json
-import pickle
 import math
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -140,9 +140,9 @@ def backward_after_update(cls, as_list: bool):
     p = nn.Parameter(torch.ones(1))
     p.grad = torch.ones(1)
     if as_list:
-        l1, l2 = scaler.scale([w * 2, w * 3])
+        _, l2 = scaler.scale([w * 2, w * 3])
     else:
-        l1 = l2 = scaler.scale(w * 3)
+        l2 = scaler.scale(w * 3)
     scaler.step(torch.optim.SGD([p], lr=0.0))
     scaler.update(new_scale=8.0)                   # writes into S in place
     return outcome(lambda: (l2.backward(), w.grad.item())[1])
@@ -208,7 +208,8 @@ def test_100k_updates_hold_a_bounded_number_of_tensors_and_keep_every_scale():
     for step, bad in enumerate(found):
         if step in (1_000, 10_000, 50_000, steps - 1):
             counts.append(live_tensors())
-        scaler._per_optimizer_states["opt"]["found_inf_per_device"] = {flags[bad].device: flags[bad]}   # as step() leaves it
+        # as step() leaves it:
+        scaler._per_optimizer_states["opt"]["found_inf_per_device"] = {flags[bad].device: flags[bad]}
         scaler.update()
     assert max(counts) - counts[0] <= 2, f"update() must not keep a tensor per step: {counts} live tensors"
     assert scaler._history.numel() <= 2 * steps and scaler._history.dtype == torch.float32
@@ -456,7 +457,8 @@ def test_odd_configuration_is_accepted_or_refused_like_torch(name, value):
     growth_interval=st.integers(-3, 6),
     grads=st.lists(st.sampled_from([0.0, 1.0, -2.5, INF, -INF, NAN]), min_size=1, max_size=10),
 )
-def test_any_numeric_configuration_behaves_like_torch(init_scale, growth_factor, backoff_factor, growth_interval, grads):
+def test_any_numeric_configuration_behaves_like_torch(init_scale, growth_factor, backoff_factor, growth_interval,
+                                                      grads):
     kwargs = dict(init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
                   growth_interval=growth_interval)
     assert trajectory(GradScaler, kwargs, grads) == trajectory(torch.amp.GradScaler, kwargs, grads)

@@ -73,8 +73,8 @@ def test_over_all_noise_values_the_mean_is_exactly_x(every_rounding):
     ups = (rounded[inexact] == hi[:, None]).sum(1).double()
     assert torch.equal(ups / len(ALL_NOISE), (x.double() - lo) / (hi - lo))
     some = slice(0, None, 23)                      # and once more with rationals, for a few of them
-    for xi, k, l, h in zip(x[some].tolist(), ups[some].tolist(), lo[some].tolist(), hi[some].tolist()):
-        mean = Fraction(l) + (Fraction(h) - Fraction(l)) * Fraction(int(k), len(ALL_NOISE))
+    for xi, k, low, high in zip(x[some].tolist(), ups[some].tolist(), lo[some].tolist(), hi[some].tolist()):
+        mean = Fraction(low) + (Fraction(high) - Fraction(low)) * Fraction(int(k), len(ALL_NOISE))
         assert mean == Fraction(xi)
 
 

@@ -695,7 +695,8 @@ def test_grad_scaling_multiple(impl, device):
         GradScaler = partial(impl.GradScaler, device=device.type)
         scaler = GradScaler(init_scale=128., growth_factor=2.0, enabled=enabled, growth_interval=1)
 
-        def run(model0, model1, optimizer0, optimizer1, try_scaling_api):
+        def run(model0, model1, optimizer0, optimizer1, try_scaling_api,
+                data=data, loss_fn=loss_fn, scaler=scaler, skip_iter=skip_iter):   # (bound: B023)
             for i, (input, target) in enumerate(data):
                 optimizer0.zero_grad()
                 optimizer1.zero_grad()
@@ -736,7 +737,8 @@ def test_grad_scaling_multiple(impl, device):
 
 
 def test_grad_scaler_pass_itself(impl, device):
-    """test/test_torch.py, TestTorchDeviceType.test_grad_scaler_pass_itself: both _step_supports_amp_scaling protocols."""
+    """test/test_torch.py, TestTorchDeviceType.test_grad_scaler_pass_itself: both _step_supports_amp_scaling
+    protocols."""
     device = torch.device(device)
     GradScaler = partial(impl.GradScaler, device=device.type)
 
@@ -968,7 +970,8 @@ def test_grad_scaling_multigpu(impl, device):
             growth_interval=1,
         )
 
-        def run(model0, model1, optimizer0, optimizer1, try_scaling_api):
+        def run(model0, model1, optimizer0, optimizer1, try_scaling_api,
+                data=data, loss_fn=loss_fn, scaler=scaler, skip_iter=skip_iter):   # (bound: B023)
             for i, (input, target) in enumerate(data):
                 optimizer0.zero_grad()
                 optimizer1.zero_grad()

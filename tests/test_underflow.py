@@ -1,4 +1,5 @@
-"""ampteach.lab.underflow: gradient collection against a hand-written backward, zones against the format's definition."""
+"""ampteach.lab.underflow: gradient collection against a hand-written backward, zones against the format's
+definition."""
 
 from __future__ import annotations
 
@@ -100,8 +101,10 @@ def test_zones_follow_fp16s_definition():
 
 def test_a_scale_moves_values_between_zones():
     values = torch.tensor([FP16.min_subnormal / 4, 1.0, 2.0**14])
-    assert zone_fractions(values, "fp16", scale=1.0) == dict(zero=0.0, flushed=1 / 3, subnormal=0.0, normal=2 / 3, overflow=0.0)
-    assert zone_fractions(values, "fp16", scale=8.0) == dict(zero=0.0, flushed=0.0, subnormal=1 / 3, normal=1 / 3, overflow=1 / 3)
+    assert zone_fractions(values, "fp16", scale=1.0) == dict(zero=0.0, flushed=1 / 3, subnormal=0.0, normal=2 / 3,
+                                                             overflow=0.0)
+    assert zone_fractions(values, "fp16", scale=8.0) == dict(zero=0.0, flushed=0.0, subnormal=1 / 3, normal=1 / 3,
+                                                             overflow=1 / 3)
 
 
 def test_store_is_the_cast_and_covers_formats_without_a_torch_dtype():
@@ -114,7 +117,8 @@ def test_store_is_the_cast_and_covers_formats_without_a_torch_dtype():
 def test_zone_counts_are_the_fractions_times_the_number_of_values():
     values = torch.tensor([0.0, FP16.min_subnormal / 4, 1.0, 2.0**14, 3.0])
     assert zone_counts(values, "fp16", scale=8.0) == dict(zero=1, flushed=0, subnormal=1, normal=2, overflow=1)
-    assert zone_fractions(values, "fp16", scale=8.0) == dict(zero=0.2, flushed=0.0, subnormal=0.2, normal=0.4, overflow=0.2)
+    assert zone_fractions(values, "fp16", scale=8.0) == dict(zero=0.2, flushed=0.0, subnormal=0.2, normal=0.4,
+                                                             overflow=0.2)
     with pytest.raises(ValueError, match="empty"):
         zone_counts(torch.zeros(0))
 

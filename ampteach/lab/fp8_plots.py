@@ -21,17 +21,22 @@ import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from ampteach.amp.formats import FORMATS
+from ampteach.amp.formats import ELEMENT_FORMATS, FORMATS
 from ampteach.amp.fp8 import DelayedScaling, cast_to_fp8, dequantize, quantize_tensorwise
-from ampteach.amp.mx import ELEMENT_FORMATS, mx_fake_quantize
+from ampteach.amp.mx import mx_fake_quantize
 from ampteach.lab.plots import course_style
+
+__all__ = ["ROLES", "ROLE_COLORS", "FP8_COLORS", "linear_tensors", "cast_losses", "relative_error", "plot_ranges",
+           "amax_histories", "plot_amax_history", "current_vs_delayed", "plot_current_vs_delayed",
+           "block_size_errors", "plot_block_sizes"]
 
 ROLES = ("activations", "weights", "gradients")
 ROLE_COLORS = {"activations": "tab:blue", "weights": "tab:orange", "gradients": "tab:purple"}
 FP8_COLORS = {"fp8_e4m3": "tab:green", "fp8_e5m2": "tab:red"}
 
 
-def linear_tensors(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], n_batches: int = 4) -> dict[str, list[Tensor]]:
+def linear_tensors(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]],
+                   n_batches: int = 4) -> dict[str, list[Tensor]]:
     """The three tensors of every nn.Linear's matmuls on n_batches batches (backward, no step), in float32.
 
     "activations": each Linear's input; "weights": each Linear's weight (once); "gradients": the gradient

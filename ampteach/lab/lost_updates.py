@@ -25,6 +25,9 @@ from torch import Tensor, nn
 
 from ampteach.lab.plots import FORMAT_COLORS, course_style
 
+__all__ = ["lost_fraction", "loss_thresholds", "LostUpdates", "plot_lost_fraction", "plot_update_on_grid",
+           "plot_traces", "sgd_trace", "plot_loss_gap"]
+
 _NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 

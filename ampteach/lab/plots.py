@@ -26,6 +26,9 @@ from matplotlib.figure import Figure
 
 from ampteach.amp.formats import FORMATS, FloatFormat, as_format, decode, encode, grid_near, round_to_format, ulp
 
+__all__ = ["STYLE", "FORMAT_COLORS", "FIELD_COLORS", "ZONE_COLORS", "course_style", "figure_png", "plot_bit_layouts",
+           "plot_spacing", "plot_ties", "plot_number_line", "plot_runs", "plot_scales"]
+
 STYLE = {
     "axes.spines.top": False,
     "axes.spines.right": False,
@@ -131,7 +134,8 @@ def plot_spacing(formats: Iterable[FloatFormat | str] | None = None, zones: Floa
         gap, relative = fig.add_subplot(2, 2, 1), fig.add_subplot(2, 2, 2)
         whole = fig.add_subplot(2, 1, 2)
         for fmt in formats:
-            style = dict(color=FORMAT_COLORS.get(fmt.name), ls="--" if fmt.name == "tf32" else "-", lw=1.4, label=fmt.name)
+            style = dict(color=FORMAT_COLORS.get(fmt.name), ls="--" if fmt.name == "tf32" else "-", lw=1.4,
+                         label=fmt.name)
             x, u = _spacing(fmt, lo, hi)
             gap.loglog(x, u, **style)
             relative.loglog(x, u / x, **style)
@@ -142,7 +146,8 @@ def plot_spacing(formats: Iterable[FloatFormat | str] | None = None, zones: Floa
             ax.set_xlabel("|x|")
         gap.set(xlim=xlim, ylim=(1e-17, 1e5), ylabel="ulp(x): gap to the next number",
                 title=f"ulp against magnitude, with {zones.name}'s zones")
-        relative.set(xlim=xlim, ylim=(1e-8, 3), ylabel="ulp(x) / |x|: relative gap", title="The same gap, relative to |x|")
+        relative.set(xlim=xlim, ylim=(1e-8, 3), ylabel="ulp(x) / |x|: relative gap",
+                     title="The same gap, relative to |x|")
         whole.set(ylabel="ulp(x)", title="The whole range of each format")
         gap.legend(loc="upper left")
         whole.legend(ncol=len(formats), loc="upper left")
@@ -224,7 +229,8 @@ def plot_runs(histories: Mapping[str, object], styles: Mapping[str, dict] | None
             loss_ax.plot(_smooth(h.step_loss, smooth), label=label, **style)
             acc_ax.plot(range(1, len(h.test_accuracy) + 1), h.test_accuracy, marker="o", label=label, **style)
         loss_ax.set(xlabel="step", ylabel=f"training loss (mean of {smooth} steps)", title=title)
-        acc_ax.set(xlabel="epoch", ylabel="held-out accuracy (%)", xticks=range(1, 1 + max(len(h.test_accuracy) for h in histories.values())))
+        epochs = max(len(h.test_accuracy) for h in histories.values())
+        acc_ax.set(xlabel="epoch", ylabel="held-out accuracy (%)", xticks=range(1, 1 + epochs))
         loss_ax.legend()
         fig.tight_layout()
     return fig

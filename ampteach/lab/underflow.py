@@ -22,6 +22,9 @@ from torch import nn
 
 from ampteach.amp.formats import FloatFormat, as_format, round_to_format
 
+__all__ = ["ZONES", "ShrinkGradients", "collect_gradients", "store", "zone_fractions", "zone_counts", "zone_edges",
+           "plot_gradient_histogram"]
+
 ZONES = ("zero", "flushed", "subnormal", "normal", "overflow")
 
 
@@ -66,8 +69,8 @@ class ShrinkGradients(nn.Module):
         return f"n={self.n:g}"
 
 
-def collect_gradients(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], n_batches: int | None = None,
-                      loss_fn=F.cross_entropy) -> dict[str, torch.Tensor]:
+def collect_gradients(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+                      n_batches: int | None = None, loss_fn=F.cross_entropy) -> dict[str, torch.Tensor]:
     """Every gradient value backward produces on n_batches batches, in fp32, flattened (no optimizer step).
 
     "weights": d loss / d parameter (what the optimizer uses); "activations": d loss / d output of every

@@ -21,6 +21,8 @@ from matplotlib.figure import Figure
 from ampteach.amp.formats import FORMATS, bit_string, decode, encode, formula
 from ampteach.lab.plots import FIELD_COLORS, figure_png
 
+__all__ = ["FigureSlider", "stored_everywhere", "BitExplorer", "ValueExplorer"]
+
 
 class FigureSlider(widgets.VBox):
     """An integer slider over a figure and an HTML caption, both redrawn when the slider moves.
@@ -55,7 +57,8 @@ def stored_everywhere(value: float) -> str:
         bits = encode(value, fmt)
         y = decode(bits, fmt)
         err = f"{y - value:+.3g}" if math.isfinite(y) and math.isfinite(value) else ""
-        rows.append(f"<tr><td>{fmt.name}</td><td><code>{bit_string(bits, fmt)}</code></td><td>{y!r}</td><td>{err}</td></tr>")
+        rows.append(f"<tr><td>{fmt.name}</td><td><code>{bit_string(bits, fmt)}</code></td><td>{y!r}</td>"
+                    f"<td>{err}</td></tr>")
     return ("<table><tr><th>format</th><th>bits</th><th>stored value</th><th>rounding error</th></tr>"
             + "".join(rows) + "</table>")
 
@@ -93,7 +96,8 @@ class BitExplorer(widgets.VBox):
         self.buttons.children = buttons
         self.value = decode(bits, fmt)
         self.out.value = (f"<p><code>{bit_string(bits, fmt)}</code> in {fmt.name}: "
-                          f"{html.escape(formula(bits, fmt))} = <b>{self.value!r}</b></p>" + stored_everywhere(self.value))
+                          f"{html.escape(formula(bits, fmt))} = <b>{self.value!r}</b></p>"
+                          + stored_everywhere(self.value))
 
 
 class ValueExplorer(widgets.VBox):
