@@ -236,7 +236,9 @@ def _check_float32(x: Tensor, fn: str) -> None:
 
 
 def like_torch(fmt: FloatFormat | str, version: str | None = None) -> FloatFormat:
-    """fmt with the overflow rule torch's CPU cast uses in `version` (default: the installed torch).
+    """like_torch("fp8_e4m3", "2.11.0").overflow == "nan": fmt with the overflow rule of torch `version`'s CPU cast.
+
+    (version defaults to the installed torch.)
 
     Only float8_e4m3fn changed: torch < 2.12 gives NaN where torch >= 2.12 saturates to +-448.
     (GPU kernels and torch.compile have their own history; check them on your machine.)

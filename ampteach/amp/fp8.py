@@ -53,13 +53,16 @@ def fp8_max(fmt: str) -> float:
 
 
 def cast_to_fp8(x: Tensor, scale: Tensor, fmt: str) -> Tensor:
-    """clamp(x.float() * scale, -max, max).to(fp8): the cast every per-tensor recipe shares (saturating)."""
+    """q = cast_to_fp8(x, scale, "fp8_e4m3"): the cast every per-tensor recipe shares, saturating.
+
+    q = fp8(clamp(float32(x) * scale, -max, max))
+    """
     limit = fp8_max(fmt)
     return (x.float() * scale).clamp(-limit, limit).to(fp8_dtype(fmt))
 
 
 def dequantize(q: Tensor, scale: Tensor) -> Tensor:
-    """q.float() / scale: the float32 values an fp8 tensor and its scale stand for."""
+    """x_back = dequantize(q, scale): the float32 values an fp8 tensor and its scale stand for, q.float() / scale."""
     return q.float() / scale
 
 

@@ -63,14 +63,16 @@ def round_to_element(v: Tensor, elem: FloatFormat | str) -> Tensor:
 
 
 def element_codes(values: Tensor, elem: FloatFormat | str) -> Tensor:
-    """Bit patterns (uint8) of values already on the element grid, e.g. from round_to_element."""
+    """element_codes(torch.tensor([6.0, -0.5]), "fp4_e2m1") -> tensor([7, 9], dtype=torch.uint8): bit patterns of
+    values already on the element grid (e.g. from round_to_element); sign bit | index in fmt.values()."""
     fmt = element_format(elem)
     magnitude_code = torch.searchsorted(fmt.values(), values.abs().contiguous())
     return (magnitude_code | (values.signbit().long() << (fmt.bits - 1))).to(torch.uint8)
 
 
 def element_values(codes: Tensor, elem: FloatFormat | str) -> Tensor:
-    """The float32 values of uint8 bit patterns of an fp6/fp4 element format."""
+    """element_values(torch.tensor([7, 9], dtype=torch.uint8), "fp4_e2m1") -> tensor([6.0, -0.5]): the float32
+    values of an element format's bit patterns (element_codes' inverse)."""
     fmt = element_format(elem)
     magnitude_bits = fmt.bits - 1
     magnitude = fmt.values()[(codes.long() & (2**magnitude_bits - 1))]
@@ -156,7 +158,7 @@ def mx_fake_quantize(x: Tensor, elem: FloatFormat | str = "fp8_e4m3", block_size
 
 
 def check_options(block_size: int, scale_rounding: str) -> None:
-    """Raise if block_size or scale_rounding is not one mx_quantize takes."""
+    """check_options(32, "rceil"): raise ValueError if block_size or scale_rounding is not one mx_quantize takes."""
     if scale_rounding not in SCALE_ROUNDINGS:
         raise ValueError(f"scale_rounding must be 'floor' (the OCP spec) or 'rceil' (Transformer Engine, "
                          f"cuBLAS), got {scale_rounding!r}")
@@ -189,7 +191,10 @@ def mx_dequantize(mx: MXTensor) -> Tensor:
 
 
 def shared_exponent(amax: Tensor, elem: FloatFormat | str, scale_rounding: str = "floor") -> Tensor:
-    """The block exponent e (int32) for each amax (float32, >= 0), clamped to [-127, 127]; see the module docstring."""
+    """e = shared_exponent(amax, "fp4_e2m1", "floor"): the block exponent (int32) per amax (float32, >= 0).
+
+    e = clamp(floor(log2 amax) - emax_elem, -127, 127) ("floor"), or ceil(log2(amax / max_elem)) ("rceil").
+    """
     fmt = element_format(elem)
     if scale_rounding == "floor":
         # floor(log2 amax) is the unbiased exponent field. A subnormal amax reads as -127, above its

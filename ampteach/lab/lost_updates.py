@@ -64,8 +64,12 @@ class LostUpdates:
         counter.per_step                     # one value per step, in [0, 1]
 
     Counts weights with a non-zero gradient whose update -lr * grad, added in the weight's own dtype
-    (what SGD without momentum does), leaves them unchanged. layer picks the weight (default: the
-    model's first 2-D parameter, the first Linear's weight).
+    (what SGD without momentum does), leaves them unchanged: lost <- round(w - lr * g) == w.
+
+    Args:
+        lr (float): the SGD learning rate the run uses (the update is -lr * grad).
+        layer (callable, optional): model -> the weight to watch (default: the model's first 2-D
+            parameter, the first Linear's weight).
     """
 
     def __init__(self, lr: float, layer: Callable[[nn.Module], Tensor] | None = None):

@@ -54,6 +54,10 @@ class ShrinkGradients(nn.Module):
     by n, fp32 training is bit-for-bit unchanged, so any difference in fp16 comes from the size of
     the gradients alone. The gradient arriving at the layer (the loss's gradient) is not shrunk.
     grad <- float32(grad) / n, cast back to the gradient's dtype.
+
+    Args:
+        n (float): the factor every gradient behind the layer is divided by; positive (a power of two
+            keeps fp32 training bit for bit unchanged, with SGD's lr multiplied by n).
     """
 
     def __init__(self, n: float) -> None:

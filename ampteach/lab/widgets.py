@@ -29,8 +29,12 @@ class FigureSlider(widgets.VBox):
 
         FigureSlider(lambda k: plot_something(2.0**k), lambda k: f"<b>S = 2^{k}</b>", min=0, max=40)
 
-    draw(value) must return a new matplotlib Figure (it is turned into a PNG and closed); caption(value),
-    if given, returns HTML shown above it. The slider updates on release (continuous_update=False).
+    The slider updates on release (continuous_update=False).
+
+    Args:
+        draw (callable): value -> a new matplotlib Figure (it is turned into a PNG and closed).
+        caption (callable, optional): value -> HTML shown above the figure.
+        value, min, max, step, description: the ipywidgets.IntSlider's.
     """
 
     def __init__(self, draw: Callable[[int], Figure], caption: Callable[[int], str] | None = None, *,
@@ -66,8 +70,14 @@ def stored_everywhere(value: float) -> str:
 class BitExplorer(widgets.VBox):
     """A row of bit buttons (coloured by field) for one pattern of a format; a click flips that bit.
 
+        BitExplorer("fp16", 0x3C00)     # 0 01111 0000000000 = 1.0; explorer.show(0x3C01) from code
+
     Below it: decode's formula with these bits, the value, and what that value becomes in every format.
     Changing the format starts again from the pattern 0.
+
+    Args:
+        fmt_name (str, default "fp16"): the format first shown, a key of FORMATS.
+        bits (int, default 0x3C00): the bit pattern first shown (fp16's 1.0).
     """
 
     def __init__(self, fmt_name: str = "fp16", bits: int = 0x3C00) -> None:
@@ -101,7 +111,13 @@ class BitExplorer(widgets.VBox):
 
 
 class ValueExplorer(widgets.VBox):
-    """A text box: type a number (0.1, 1e-7, 65519, nan, ...) to see how every format stores it."""
+    """A text box: type a number (0.1, 1e-7, 65519, nan, ...) to see how every format stores it.
+
+        ValueExplorer("0.1")            # explorer.box.value = "65519" redraws from code
+
+    Args:
+        text (str, default "0.1"): the number first shown, as typed.
+    """
 
     def __init__(self, text: str = "0.1") -> None:
         self.box = widgets.Text(value=text, description="value", continuous_update=False)
