@@ -8,9 +8,9 @@ The model has 200 parameter tensors (100 Linear(64, 64) layers, weight + bias ea
 gradients of size ~2^10. Rows: plain SGD(lr) and SGD with momentum 0.9 (the two targets: what a
 training loop pays, scaler calls plus the optimizer's own step), then the scaler alone (an optimizer
 whose step does nothing), for information: torch checks and unscales each dtype's gradients in one
-fused C++ kernel; ampteach uses ordinary ops (the small gradients flattened into buckets of up to
-2^18 elements, one aminmax per bucket, then one _foreach_mul_), so its own cost is higher and the
-optimizer step dilutes it. The gradient tensors stay the same between iterations (copied into),
+fused C++ kernel; ampteach uses ordinary ops (ampteach/amp/unscale_kernels.py: the small gradients
+copied into buckets of up to 2^18 elements, one aminmax per bucket, then one _foreach_mul_), so its own
+cost is higher and the optimizer step dilutes it. The gradient tensors stay the same between iterations (copied into),
 as with zero_grad(set_to_none=False) or gradient accumulation, so ampteach's per-optimizer grouping
 of them is reused; --fresh-grads gives each iteration new .grad tensors (zero_grad()'s default
 set_to_none=True), so both scalers group them afresh every step.
