@@ -46,7 +46,7 @@ ROUNDINGS = ("nearest", "truncate")
 # significant bits of each input dtype (float64 inputs must hold float32 values)
 _SIGNIFICANT_BITS = {torch.float64: 24, torch.float32: 24, torch.bfloat16: 8, torch.float16: 11,
                      torch.float8_e4m3fn: 4, torch.float8_e5m2: 3, torch.float8_e4m3fnuz: 4, torch.float8_e5m2fnuz: 3}
-_CHUNK = 32                  # products formed per pass: (32, M, N) at a time
+_CHUNK_VALUES = 32768        # products formed per pass: below torch's grain for splitting work across threads
 
 
 def _check_bits(bits: int, name: str) -> int:
@@ -203,12 +203,14 @@ def emulated_matmul(a: Tensor, b: Tensor, acc_bits: int = 24, rounding: str = "n
     exact = _sums_fit_float64(a, b, bits_a, bits_b, acc_bits, promote_bits if promote_every else 53)
     add = _add_rounded_exact if exact else _add_rounded_twosum
     (M, K), N = a.shape, b.shape[1]
+    at = a.t().contiguous()                            # row k: column k of a
     s = torch.zeros(M, N, dtype=torch.float64)
     total = torch.zeros(M, N, dtype=torch.float64)
     done = 0                                           # products summed so far
-    for start in range(0, K, _CHUNK * adder_terms):
-        stop = min(start + _CHUNK * adder_terms, K)
-        for term in _terms(a[:, start:stop], b[start:stop], adder_terms, exact, start):
+    chunk = max(1, _CHUNK_VALUES // max(1, M * N)) * adder_terms
+    for start in range(0, K, chunk):
+        stop = min(start + chunk, K)
+        for term in _terms(at[start:stop], b[start:stop], adder_terms, exact, start):
             s = add(s, term, acc_bits, rounding)
             done = min(done + adder_terms, K)
             if promote_every and (done % promote_every == 0 or done == K):
@@ -217,9 +219,10 @@ def emulated_matmul(a: Tensor, b: Tensor, acc_bits: int = 24, rounding: str = "n
     return total if promote_every else s
 
 
-def _terms(a: Tensor, b: Tensor, adder_terms: int, exact: bool, offset: int) -> list[Tensor]:
-    """What each step adds: one product a[:, k] b[k, :] each, or the exact sum of adder_terms of them."""
-    products = a.t()[:, :, None] * b[:, None, :]       # (k, M, N), every product exact
+def _terms(at: Tensor, b: Tensor, adder_terms: int, exact: bool, offset: int) -> list[Tensor]:
+    """What each step adds: one product at[k, :] b[k, :] (an outer product) each, or the exact sum of
+    adder_terms of them."""
+    products = at[:, :, None] * b[:, None, :]          # (k, M, N), every product exact
     if adder_terms == 1:
         return list(products.unbind(0))
     groups = products.split(adder_terms)
