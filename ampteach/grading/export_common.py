@@ -26,7 +26,9 @@ import nbformat
 
 from ampteach.grading.exercises import (
     BEGIN,
+    END,
     HIDDEN,
+    STARTER,
     MarkerError,
     check_functions,
     make_exercise,
@@ -35,7 +37,7 @@ from ampteach.grading.exercises import (
 )
 
 __all__ = ["POINTS_PER_CHECK", "ExportError", "Part", "check_preamble", "default_solutions", "free_names",
-           "read_parts", "solution_paths", "total_points"]
+           "read_parts", "solution_paths", "worked_code"]
 
 POINTS_PER_CHECK = 1      # every check cell, hidden ones included: `ampteach grade` scores checks passed / checks
 ROLES = ("solution", "answer", "check", "hidden-check", "given")
@@ -117,8 +119,18 @@ def read_parts(path: Path) -> list[Part]:
     return parts
 
 
-def total_points(parts: list[Part]) -> int:
-    return sum(p.points for p in parts)
+def worked_code(source: str) -> str:
+    """A solution cell as a learner who solved it would write it: the course's markers and starter code dropped."""
+    out, starter = [], False
+    for line in source.splitlines():
+        marker = line.strip()
+        if marker == STARTER:
+            starter = True
+        elif marker == END:
+            starter = False
+        elif marker != BEGIN and not starter:
+            out.append(line)
+    return "\n".join(out)
 
 
 def check_preamble(functions: list[str]) -> str:

@@ -31,6 +31,7 @@ from ampteach.grading.export_common import (
     ExportError,
     Part,
     check_preamble,
+    default_solutions,
     read_parts,
     solution_paths,
 )
@@ -131,8 +132,6 @@ def export_nbgrader(out: Path, solutions: Path | None = None, names: list[str] |
                     course_id: str = "ampteach", force: bool = False) -> list[Path]:
     """Write an nbgrader course directory at `out` from solutions/ (every exercise, or the ones named);
     return the files written. An existing source/<exercise>/ is replaced only with force=True."""
-    from ampteach.grading.export_common import default_solutions
-
     paths = solution_paths(solutions or default_solutions(), names)
     notebooks = {p.stem: nbgrader_notebook(p) for p in paths}
     existing = [name for name in notebooks if (out / "source" / name).exists()]

@@ -26,17 +26,18 @@ from pathlib import Path
 
 import nbformat
 
-from ampteach.grading.exercises import BEGIN, END, STARTER
 from ampteach.grading.export_common import (
     ExportError,
     Part,
     check_preamble,
+    default_solutions,
     free_names,
     read_parts,
     solution_paths,
+    worked_code,
 )
 
-__all__ = ["export_otter", "group_questions", "otter_notebook", "otter_solution_source", "otter_test"]
+__all__ = ["export_otter", "group_questions", "otter_notebook", "otter_solution_source", "otter_test", "otter_tests"]
 
 ASSIGNMENT_CONFIG = """\
 # ASSIGNMENT CONFIG
@@ -52,28 +53,14 @@ tests:
 
 def _raw(text: str) -> nbformat.NotebookNode:
     cell = nbformat.v4.new_raw_cell(text)
-    cell.id = "new-"
+    cell.id = "new-" + cell.id   # numbered by position once the notebook is complete
     return cell
 
 
-def _number_new_cells(nb: nbformat.NotebookNode) -> None:
+def _number_new_cells(cells: list[nbformat.NotebookNode]) -> None:
     """Cells the export adds get ids by position (otter-1, otter-2, ...): the same solutions, the same files."""
-    for k, cell in enumerate((c for c in nb.cells if c.get("id", "").startswith("new-")), start=1):
+    for k, cell in enumerate((c for c in cells if c.get("id", "").startswith("new-")), start=1):
         cell.id = f"otter-{k}"
-
-
-def _solution_only(source: str) -> str:
-    """The solution's code with the course's markers dropped (and its starter-code comments)."""
-    out, starter = [], False
-    for line in source.splitlines():
-        marker = line.strip()
-        if marker == STARTER:
-            starter = True
-        elif marker == END:
-            starter = False
-        elif marker != BEGIN and not starter:
-            out.append(line)
-    return "\n".join(out)
 
 
 def otter_solution_source(part: Part, where: str) -> str:
@@ -84,25 +71,47 @@ def otter_solution_source(part: Part, where: str) -> str:
     if quote in learner:
         raise ExportError(f"{where}: the exercise's version of this cell holds both ''' and \"\"\", which Otter's "
                           f"prompt (a string in the solution notebook) cannot carry; use one kind of triple quote")
-    return "\n".join(["# BEGIN SOLUTION NO PROMPT", _solution_only(part.cell.source), "# END SOLUTION",
+    return "\n".join(["# BEGIN SOLUTION NO PROMPT", worked_code(part.cell.source), "# END SOLUTION",
                       f"r{quote} # BEGIN PROMPT", learner, f"{quote}; # END PROMPT"])
 
 
-def otter_test(part: Part, where: str) -> str:
+def otter_test(part: Part, where: str, name: str | None = None, hidden: bool | None = None,
+               source: str | None = None) -> str:
     """One check cell as an Otter exception-based test: a function whose parameters are the notebook
-    variables the cell reads, running the cell's code with the course's own check functions."""
-    body = part.hidden_source
+    variables the cell reads (Otter passes them in), running the cell's code with the course's own checks.
+
+        otter_test(part, "build_2, cell 5992be90")   # 'def test_check_loss_scale_update(update_scale): ...'
+    """
+    body = part.hidden_source if source is None else source
+    hidden = part.role == "hidden-check" if hidden is None else hidden
     if re.search(r"^\s*(global|nonlocal)\b", body, re.M):
         raise ExportError(f"{where}: a check cell with a global statement cannot run inside an Otter test")
-    params = [n for n in free_names(body, where) if n not in part.functions]
+    functions = [f for f in part.functions if f in body]
+    params = [n for n in free_names(body, where) if n not in functions]
     if "env" in params:
         raise ExportError(f"{where}: the check cell reads a variable named env, which Otter reserves")
-    name = "test_" + "_".join(part.functions)[:60]
-    doc = f'"""{", ".join(part.functions)}: the course\'s check cell, run as `ampteach grade` runs it."""'
-    lines = ["# HIDDEN"] if part.role == "hidden-check" else []
-    lines.append(f"def {name}({', '.join(params)}):")
-    lines.append(textwrap.indent("\n".join([doc, check_preamble(part.functions), body]), "    "))
+    doc = f'"""{", ".join(functions)}: the course\'s check cell, run as `ampteach grade` runs it."""'
+    lines = ["# HIDDEN"] if hidden else []
+    lines.append(f"def {name or 'test_' + '_'.join(functions)[:60]}({', '.join(params)}):")
+    lines.append(textwrap.indent("\n".join([doc, check_preamble(functions), body]), "    "))
     return "\n".join(lines)
+
+
+def otter_tests(part: Part, where: str, taken: set[str]) -> list[tuple[str, int]]:
+    """(test cell source, points) for one check cell: one test, or, for a visible check cell with a hidden
+    region, a 0-point public test of what the learner sees and the whole cell as a hidden test worth its points."""
+    def name(source: str) -> str:
+        base = "test_" + "_".join(f for f in part.functions if f in source)[:60]
+        unique, k = base, 2
+        while unique in taken:
+            unique, k = f"{base}_{k}", k + 1
+        taken.add(unique)
+        return unique
+
+    if part.role == "check" and part.has_hidden_region:
+        return [(otter_test(part, where, name(part.learner), hidden=False, source=part.learner), 0),
+                (otter_test(part, where, name(part.hidden_source), hidden=True), part.points)]
+    return [(otter_test(part, where, name(part.hidden_source)), part.points)]
 
 
 def _question_name(parts: list[Part], taken: set[str], fallback: str) -> str:
@@ -146,17 +155,19 @@ def group_questions(parts: list[Part]) -> list[Part | list[Part]]:
 
 
 def _question_cells(group: list[Part], name: str, path: Path) -> list[nbformat.NotebookNode]:
-    tests = [p for p in group if p.functions]
+    taken: set[str] = set()
+    tests = [(p, test) for p in group if p.functions
+             for test in otter_tests(p, f"{path.name}, cell {p.cell.id}", taken)]
     manual = group[0].role == "answer"
     config = ["# BEGIN QUESTION", f"name: {name}"]
     if manual:
         config += ["manual: true", "points: 0"]
     elif tests:
-        config.append(f"points: [{', '.join(str(p.points) for p in tests)}]")
+        config.append(f"points: [{', '.join(str(points) for _, (_, points) in tests)}]")
     cells = [_raw("\n".join(config))]
     if manual:
         part = group[0]
-        answer = nbformat.v4.new_markdown_cell(_solution_only(part.cell.source))
+        answer = nbformat.v4.new_markdown_cell(worked_code(part.cell.source))
         answer.id = part.cell.id
         prompt = nbformat.v4.new_markdown_cell(part.learner)
         prompt.id = f"prompt-{part.cell.id}"
@@ -178,9 +189,9 @@ def _question_cells(group: list[Part], name: str, path: Path) -> list[nbformat.N
             cells.append(_raw("# END SOLUTION"))
     if tests:
         cells.append(_raw("# BEGIN TESTS"))
-        for p in tests:
-            cells.append(nbformat.v4.new_code_cell(otter_test(p, f"{path.name}, cell {p.cell.id}")))
-            cells[-1].id = f"test-{p.cell.id}"
+        for k, (p, (source, _)) in enumerate(tests):
+            cells.append(nbformat.v4.new_code_cell(source))
+            cells[-1].id = f"test-{p.cell.id}" + ("" if k == 0 or tests[k - 1][0] is not p else "-hidden")
         cells.append(_raw("# END TESTS"))
     cells.append(_raw("# END QUESTION"))
     return cells
@@ -199,8 +210,8 @@ def otter_notebook(path: Path) -> nbformat.NotebookNode:
             continue
         fallback = "written_answer" if item[0].role == "answer" else "answer"
         cells += _question_cells(item, _question_name(item, taken, fallback), path)
+    _number_new_cells(cells)
     nb = nbformat.v4.new_notebook(cells=cells)
-    _number_new_cells(nb)
     nb.metadata = {k: v for k, v in solution.metadata.items() if k == "language_info"}
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
     nb.metadata["ampteach"] = {"exercise": path.stem}
@@ -211,8 +222,6 @@ def export_otter(out: Path, solutions: Path | None = None, names: list[str] | No
                  force: bool = False) -> list[Path]:
     """Write one Otter master notebook per exercise into `out` (every exercise, or the ones named); return them.
     An existing master is replaced only with force=True."""
-    from ampteach.grading.export_common import default_solutions
-
     paths = solution_paths(solutions or default_solutions(), names)
     notebooks = {p.stem: otter_notebook(p) for p in paths}
     existing = [name for name in notebooks if (out / f"{name}.ipynb").exists()]
