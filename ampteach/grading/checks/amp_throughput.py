@@ -204,11 +204,6 @@ def check_e6_1_measure(measure: Callable, data) -> None:
     first 2 steps and the evaluation slower (each by more than the other steps take together): samples/s
     must match the speed at which the later steps really ran (so warm-up and evaluation stay out of it,
     and CUDA time is synchronised); the memory must fit the model and the batch."""
-    names = _names_used(measure)
-    if not names & {"synchronize", "elapsed_time"}:
-        raise CheckFailed("your measure never calls torch.cuda.synchronize(): on a GPU, kernels run asynchronously "
-                          "and the clock would time their launch, not their work. Call it (when the data is on "
-                          "CUDA) before each clock read")
     clock = _StepClock(getattr(getattr(data, "device", None), "type", "cpu") == "cuda")
     small = _sliced(data, CHECK_BATCH * CHECK_STEPS, 256, clock)
     cuda = clock.cuda
@@ -218,6 +213,10 @@ def check_e6_1_measure(measure: Callable, data) -> None:
                                             for k in ("samples_per_s", "peak_mem_bytes", "accuracy")):
         raise CheckFailed(f"expected a dict of three numbers, samples_per_s, peak_mem_bytes and accuracy, "
                           f"got {row!r:.200}")
+    if not _names_used(measure) & {"synchronize", "elapsed_time"}:
+        raise CheckFailed("your measure never calls torch.cuda.synchronize(): on a GPU, kernels run asynchronously "
+                          "and the clock would time their launch, not their work. Call it (when the data is on "
+                          "CUDA) before each clock read")
     if len(clock.ends) < CHECK_STEPS or len(small.given) < CHECK_STEPS:
         raise CheckFailed(f"expected {CHECK_STEPS} optimizer steps on the {CHECK_STEPS} batches of {CHECK_BATCH} "
                           f"the check passed (epochs=1), saw {len(clock.ends)} steps on {len(small.given)} batches")

@@ -20,12 +20,18 @@ BECAUSE = ("the exercise is to sort the ops yourself, from what observe_autocast
            "are the answer key, for after you pass")
 
 
+def r(device: str, dtype: torch.dtype, *shape: int) -> torch.Tensor:
+    """Values in [0.5, 1.5): valid input for log and pow, probabilities after halving."""
+    return (torch.rand(*shape, device=device) + 0.5).to(dtype)
+
+
+def labels(device: str, n: int, classes: int) -> torch.Tensor:
+    return torch.randint(0, classes, (n,), device=device)
+
+
 def _cast_list_calls() -> dict[str, Callable]:
     """For each exercise op, a call taking (device, dtype of the first input, dtype of the others)."""
     import torch.nn.functional as F
-
-    from ampteach.lab.compare_torch import _labels as labels
-    from ampteach.lab.compare_torch import _r as r
 
     return {
         "mm": lambda d, a, b: torch.mm(r(d, a, 4, 4), r(d, b, 4, 4)),
