@@ -19,7 +19,7 @@ from site_checks import ROOT, SPHINX_NOTICES, broken_cells, built_site, cell_fig
 
 from ampteach.grading.exercises import learner_version
 from ampteach.tools import cli
-from ampteach.tools.course_map import LINK, lesson_number
+from ampteach.tools.course_map import LINK, course_sections, lesson_number
 from ampteach.tools.website import course_sections_of, resolve_link
 
 pytestmark = SPHINX_NOTICES
@@ -223,6 +223,15 @@ def test_each_lesson_links_its_exercises_and_the_lessons_before_and_after_it(ind
     missing = [p.as_posix() for p in wanted if p not in linked]
     assert not missing, (f"lesson {lesson_number(section.lesson)} ({lesson}) has no link to {missing} (the exercises "
                          f"the course map places after it, the lessons before and after it)")
+
+
+def test_the_course_order_puts_each_exercise_after_the_lesson_its_row_names():
+    course_map = ("| 1 | [l1](../notebooks/01_b.ipynb) |\n| 3 | [l3](../notebooks/03_d.ipynb) |\n"
+                  "| 0 | [l0](../notebooks/00_a.ipynb) |\n| 0 | [e](../exercises/e0.ipynb) |\n"
+                  "| 9 | [x](../exercises/e9.ipynb) |\n| 1 | [y](../exercises/e1.ipynb) |\n")
+    sections = course_sections(course_map, ["00_a", "01_b", "02_c", "03_d"], ["e0", "e1", "e9", "new"])
+    assert [(s.lesson, s.exercises) for s in sections] == [     # the map's order; 02_c, not on it, by number
+        ("01_b", ["e1"]), ("02_c", []), ("03_d", []), ("00_a", ["e0"]), (None, ["e9", "new"])]
 
 
 # ---------------------------------------------------------------- a small course made here

@@ -5,8 +5,9 @@
 
 A lesson's place is the map's first link to it (`notebooks/NAME.ipynb`). An exercise belongs to the
 lesson its table row names in its first column ("after lesson" N: the lesson whose file name starts
-with N_), in the order the map lists them. What the map does not place comes last: lessons by name,
-then exercises in a section of their own (lesson None). Only the names passed in count, so a map
+with N_), in the order the map lists them. A lesson the map does not name goes before the first
+lesson with a higher number; exercises it does not place come last, in a section of their own
+(lesson None). Only the names passed in count, so a map
 that names a notebook not written yet, or misses a new one, still gives every notebook one place.
 """
 
@@ -59,8 +60,12 @@ def course_sections(map_text: str, lessons: list[str], exercises: list[str]) -> 
                 sections[name] = Section(name)
             elif folder == "exercises" and name in exercises and name not in (e for e, _ in placed):
                 placed.append((name, _row_number(line)))
-    for name in sorted(set(lessons) - set(sections)):
-        sections[name] = Section(name)
+    order = list(sections)
+    for name in sorted(set(lessons) - set(sections)):      # not on the map (yet): placed by its number
+        number = lesson_number(name)
+        later = [i for i, other in enumerate(order) if number is not None and (lesson_number(other) or -1) > number]
+        order.insert(later[0] if later else len(order), name)
+    sections = {name: sections.get(name, Section(name)) for name in order}
     by_number = {lesson_number(name): section for name, section in sections.items() if lesson_number(name) is not None}
     leftover = Section(None)
     for name, number in placed:
