@@ -1,12 +1,15 @@
 """ampteach.amp.autocast against torch.autocast: the same kernels' work at the same dispatch key, bit for bit.
 
 Sections: (1) the dispatcher: ampteach's kernel serves every op torch registers at the Autocast keys
-and nothing else, installed once and handed back to torch both ways; (2) each problem of a
+and nothing else, registered once and kept: it then serves torch.autocast regions too, with the
+values, gradients and weight-cast cache of torch's own kernels; (2) each problem of a
 Python-level autocast (issue "ampteach.amp.autocast at the dispatcher", its "Why" list) now gives
 torch.autocast's values, dtypes and gradients; (3) op by op and on the course's models; (4) region
 rules: nesting, decorator, mixing with torch.autocast, out-of-order exit, threads, arguments;
-(5) the weight-cast cache, records, custom_fwd/custom_bwd. PyTorch's own autocast tests run
-against both implementations in tests/test_torch_autocast_ported.py.
+(5) the weight-cast cache, records, custom_fwd/custom_bwd. The torch side of every comparison runs
+on torch's own kernels (TorchAutocast, torch_autocast). PyTorch's own autocast tests run against
+both implementations in tests/test_torch_autocast_ported.py, its dynamo autocast tests in
+tests/test_autocast_compile.py.
 """
 
 from __future__ import annotations
@@ -24,26 +27,32 @@ from hypothesis import strategies as st
 from torch import nn
 
 import ampteach
-from ampteach.amp import cast_lists
-from ampteach.amp.autocast import (
+from ampteach.amp import autocast_cache, cast_lists
+from ampteach.amp.autocast import autocast, custom_bwd, custom_fwd
+from ampteach.amp.autocast_kernels import (
     BANNED_MESSAGE,
     DEVICE_KEYS,
     NOT_SERVED,
-    autocast,
     cached_casts,
-    custom_bwd,
-    custom_fwd,
     install,
     installed,
     uninstall,
 )
-from ampteach.lab.compare_torch import OP_CASES, dispatch_trace, fake_cuda, op_agreement, torch_autocast
+from ampteach.lab.compare_torch import (
+    OP_CASES,
+    TorchAutocast,
+    dispatch_trace,
+    fake_cuda,
+    op_agreement,
+    torch_autocast,
+)
 from ampteach.training.data import course_split, load_fashion_mnist, preload
 from ampteach.training.models import cnn, mlp
 from ampteach.training.train import autocast_for
 
 BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
 AUTOCAST = sys.modules["ampteach.amp.autocast"]
+AUTOCAST_KERNELS = sys.modules["ampteach.amp.autocast_kernels"]
 FAMILIES = {"matmul", "convolution", "attention", "norm", "softmax", "pointwise", "reduction", "loss",
             "promote", "fp64 and integers", "explicit dtype", "out=", "in-place", "pooling and padding",
             "torch.ops.aten"}
@@ -64,7 +73,7 @@ def under_both(make, run, dtype=BF16):
     Returns both results; an exception is a result too (its type and first line).
     """
     results = []
-    for region in (lambda: torch.autocast("cpu", dtype=dtype), lambda: autocast("cpu", dtype=dtype)):
+    for region in (lambda: TorchAutocast("cpu", dtype=dtype), lambda: autocast("cpu", dtype=dtype)):
         torch.manual_seed(0)
         state = make()
         try:
@@ -118,9 +127,9 @@ def test_in_a_region_every_op_torch_registers_runs_ampteachs_kernel_and_torchs_i
             active = [line for line in dump.splitlines() if line.startswith(f"{key}: ")]
             inactive = [line for line in dump.splitlines() if line.startswith(f"{key} (inactive): ")]
             if (device_type, cast_lists.base_name(name)) in NOT_SERVED:
-                assert "autocast.py" not in active[0], name
+                assert "ampteach" not in active[0], name
                 continue
-            assert len(active) == 1 and "ampteach/amp/autocast.py" in active[0], f"{name}: {active}"
+            assert len(active) == 1 and "ampteach/amp/autocast_kernels.py" in active[0], f"{name}: {active}"
             assert inactive and "autocast_mode.cpp" in inactive[0], f"{name}: torch's wrapper should be inactive"
 
 
@@ -147,34 +156,141 @@ def test_kernels_stay_installed_between_ampteach_regions():
         assert installed() and (a @ a).dtype == BF16
 
 
-def test_torch_region_after_ampteach_hands_the_key_back_and_the_next_ampteach_region_takes_it_again():
-    a, b = torch.rand(8, 8), torch.rand(8, 8)
-    with autocast("cpu", record=True) as ours:
-        first = a @ b
-    assert installed() and [r.op for r in ours.records] == ["matmul"]
-    with torch.autocast("cpu"):
-        assert installed()                          # nothing listed has run yet
-        theirs = a @ b                              # reaches ampteach's kernel: it removes itself, torch's runs
-        assert not installed()
-        assert torch.exp(a).dtype == FP32 and (a @ b).dtype == BF16
-    assert same(first, theirs)
-    with autocast("cpu", record=True) as again:
-        assert installed()
-        assert same(a @ b, first)
-    assert [r.op for r in again.records] == ["matmul"]
+def kernel_at_autocast_cpu(op: str) -> str:
+    active = [line for line in torch._C._dispatch_dump(f"aten::{op}").splitlines() if line.startswith("AutocastCPU: ")]
+    return "ampteach" if "ampteach" in active[0] else "torch"
 
 
-def test_ampteach_region_inside_a_torch_region_serves_while_open_and_torch_serves_after():
+def test_after_an_ampteach_region_torch_regions_run_ampteachs_kernels_and_nothing_is_registered_again():
+    a = torch.rand(8, 8)
+    uninstall()
+    with autocast("cpu"):
+        a @ a
+    library = AUTOCAST_KERNELS._library
+    for _ in range(3):                              # switching back and forth changes no registration
+        with torch.autocast("cpu"):
+            assert kernel_at_autocast_cpu("mm") == "ampteach" and (a @ a).dtype == BF16
+        with autocast("cpu"):
+            assert (a @ a).dtype == BF16
+    assert AUTOCAST_KERNELS._library is library
+    assert torch.clear_autocast_cache is autocast_cache.clear_autocast_cache   # empties both caches
+    uninstall()
+    assert kernel_at_autocast_cpu("mm") == "torch" and torch.clear_autocast_cache is torch._C.clear_autocast_cache
+
+
+def test_an_ampteach_region_inside_a_torch_region_and_after_it_give_torchs_results():
     a = torch.rand(8, 8)
     uninstall()
     with torch.autocast("cpu"):
         before = a @ a                              # torch's kernel (nothing of ampteach's installed)
         with autocast("cpu", record=True) as inner:
             during = a @ a
-        assert [r.op for r in inner.records] == ["matmul"] and installed()
-        after = a @ a                               # ampteach's kernel hands back to torch's
-        assert not installed()
+        after = a @ a                               # ampteach's kernel now serves the torch region
+    assert [r.op for r in inner.records] == ["matmul"] and installed()
     assert same(before, during) and same(before, after)
+
+
+def served_and_native(run):
+    """run() under torch.autocast served by torch's own kernels, then by ampteach's (left installed)."""
+    uninstall()
+    native = run()
+    install()
+    return native, run()
+
+
+def outcome(fn):
+    """fn()'s result, or the exception it raised (as a Raised)."""
+    try:
+        return fn()
+    except Exception as exc:   # the error is the result: both kernels must raise the same type
+        return Raised(type(exc).__name__, str(exc).splitlines()[0])
+
+
+def same_bits(a, b) -> bool:
+    """same(), with NaN equal to NaN in the same places."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point():
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.nan_to_num(), b.nan_to_num()) \
+            and torch.equal(a.isnan(), b.isnan())
+    return same(a, b)
+
+
+@pytest.mark.parametrize("input_dtype", [FP32, BF16], ids=["fp32-inputs", "bf16-inputs"])
+def test_torch_regions_served_by_ampteachs_kernels_give_torchs_values_op_by_op(input_dtype):
+    def run():
+        results = []
+        for case in OP_CASES:
+            torch.manual_seed(0)
+            with torch.autocast("cpu", dtype=BF16):
+                results.append(outcome(lambda case=case: case.call("cpu", input_dtype)))
+        return results
+
+    native, served = served_and_native(run)
+    differ = [case.label for case, n, s in zip(OP_CASES, native, served) if not same_bits(n, s)]
+    assert not differ, differ
+    assert sum(isinstance(r, torch.Tensor) for r in native) > len(OP_CASES) // 2
+
+
+def test_torch_regions_served_by_ampteachs_kernels_give_torchs_dtypes_on_fake_cuda():
+    def run():
+        results = []
+        with fake_cuda():
+            for case in OP_CASES:
+                for input_dtype in (FP32, FP16):
+                    with torch_autocast("cuda", FP16, torch_kernels=False):
+                        result = outcome(lambda case=case, t=input_dtype: case.call("cuda", t))
+                    results.append(result.dtype if isinstance(result, torch.Tensor) else result)
+        return results
+
+    native, served = served_and_native(run)
+    assert native == served
+
+
+@pytest.mark.parametrize("build", [mlp, cnn], ids=["mlp", "cnn"])
+def test_a_training_step_in_a_torch_region_served_by_ampteachs_kernels_is_torchs(build):
+    torch.manual_seed(0)
+    model, x, y = build(), torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+
+    def run():
+        trained = copy.deepcopy(model)
+        with torch.autocast("cpu", dtype=BF16), dispatch_trace() as trace:
+            loss = F.cross_entropy(trained(x), y)
+        loss.backward()
+        return [loss, *(p.grad for p in trained.parameters())], trace
+
+    (native, native_trace), (served, served_trace) = served_and_native(run)
+    assert same(native, served) and native_trace == served_trace
+
+
+@pytest.mark.parametrize("what", ["cache on", "cache off", "torch.clear_autocast_cache()", "inner region exits",
+                                  "inference mode"])
+def test_the_weight_cast_cache_serves_torch_regions_as_torchs_own(what):
+    """One cache for both implementations, with torch's lifetime: a torch region served by ampteach's
+    kernels caches, goes stale and is emptied exactly where torch's own kernels would."""
+    torch.manual_seed(0)
+    w, x = torch.randn(16, 16), torch.randn(4, 16)
+
+    def run():
+        p = nn.Parameter(w.clone())
+        with torch.autocast("cpu", cache_enabled=what != "cache off"):
+            first = F.linear(x, p)
+            with torch.no_grad():
+                p.add_(1.0)                          # a cast served from the cache is now stale: values show it
+            if what == "torch.clear_autocast_cache()":
+                torch.clear_autocast_cache()
+            elif what == "inner region exits":
+                with torch.autocast("cpu"):
+                    F.linear(x, p)
+            if what == "inference mode":
+                with torch.inference_mode():
+                    return first, F.linear(x, p), None
+            second = F.linear(x, p)
+        (first.float().sum() + second.float().sum()).backward()   # with the cache: one cast node, one bf16 sum
+        return first, second, p.grad
+
+    native, served = served_and_native(run)
+    assert same(native, served)
+    stale = torch.equal(native[1], F.linear(x.bfloat16(), w.bfloat16()))
+    assert stale == (what in ("cache on", "inner region exits"))
 
 
 def test_a_torch_region_inside_an_ampteach_region_only_changes_what_the_kernels_read():
@@ -293,8 +409,10 @@ COMPOSITES = {   # C++ composites that do fp32 work around their inner matmul
     "torch.corrcoef": (lambda: (torch.randn(4, 6),), torch.corrcoef),
     "F.affine_grid": (lambda: (torch.randn(2, 2, 3),), lambda t: F.affine_grid(t, (2, 1, 4, 4), align_corners=False)),
     "einsum ij,jk->k": (lambda: (torch.randn(3, 4), torch.randn(4, 5)), lambda a, b: torch.einsum("ij,jk->k", a, b)),
-    "einsum with a list": (lambda: (torch.randn(3, 4), torch.randn(4, 5)), lambda a, b: torch.einsum("ij,jk->ik", [a, b])),
-    "matrix_power(A, -2)": (lambda: (torch.randn(4, 4) + 4 * torch.eye(4),), lambda a: torch.linalg.matrix_power(a, -2)),
+    "einsum with a list": (lambda: (torch.randn(3, 4), torch.randn(4, 5)),
+                           lambda a, b: torch.einsum("ij,jk->ik", [a, b])),
+    "matrix_power(A, -2)": (lambda: (torch.randn(4, 4) + 4 * torch.eye(4),),
+                            lambda a: torch.linalg.matrix_power(a, -2)),
     "torch.tensordot": (lambda: (torch.randn(2, 4), torch.randn(4, 3)), lambda a, b: torch.tensordot(a, b, dims=1)),
     "torch.inner": (lambda: (torch.randn(2, 4), torch.randn(3, 4)), torch.inner),
     "F.pad reflect": (lambda: (torch.randn(1, 2, 4, 4),), lambda t: F.pad(t, (1, 1, 1, 1), mode="reflect")),
@@ -385,7 +503,7 @@ class Logged(torch.Tensor):
 
 @pytest.mark.parametrize("region", ["torch", "ampteach"])
 def test_torch_function_overrides_and_monkeypatches_are_honoured(region, monkeypatch):
-    make = {"torch": torch.autocast, "ampteach": autocast}[region]
+    make = {"torch": TorchAutocast, "ampteach": autocast}[region]
     Logged.calls = []
     x = torch.randn(4, 8).as_subclass(Logged)
     with make("cpu"):
@@ -416,7 +534,7 @@ def test_a_torch_function_mode_sees_the_same_calls_as_under_torch():
             return func(*args, **(kwargs or {}))
 
     seen = []
-    for make in (torch.autocast, autocast):
+    for make in (TorchAutocast, autocast):
         torch.manual_seed(0)
         model, log = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)), Log()
         with make("cpu"), log:
@@ -427,7 +545,7 @@ def test_a_torch_function_mode_sees_the_same_calls_as_under_torch():
 
 @pytest.mark.parametrize("region", ["torch", "ampteach"])
 def test_out_of_order_exit_leaves_other_modes_alone(region):
-    make = {"torch": torch.autocast, "ampteach": autocast}[region]
+    make = {"torch": TorchAutocast, "ampteach": autocast}[region]
     ctx, meta = make("cpu"), torch.device("meta")
     ctx.__enter__()
     meta.__enter__()
@@ -473,7 +591,8 @@ def test_every_op_case_on_a_real_gpu_gives_torchs_dtype_or_error(dtype):
 def test_every_op_case_on_cpu_gives_torchs_dtype_and_bits_or_error(dtype):
     """CPU kernels are deterministic: not only the dtypes, the values must be identical too."""
     results = {}
-    for name, region in (("torch", lambda: torch_autocast("cpu", dtype)), ("ampteach", lambda: autocast("cpu", dtype=dtype))):
+    for name, region in (("torch", lambda: torch_autocast("cpu", dtype)),
+                         ("ampteach", lambda: autocast("cpu", dtype=dtype))):
         results[name] = []
         for case in OP_CASES:
             for input_dtype in (FP32, dtype):
@@ -496,7 +615,8 @@ OPS = {   # op -> (call, how many tensor inputs)
     "linear": (F.linear, 2), "mse_loss": (F.mse_loss, 2), "softmax": (lambda a: torch.softmax(a, 1), 1),
     "exp": (torch.exp, 1), "sum": (torch.sum, 1), "layer_norm": (lambda a: F.layer_norm(a, (4,)), 1),
     "prod": (torch.prod, 1), "log_softmax_dtype": (lambda a: F.log_softmax(a, 1, dtype=FP64), 1),
-    "stack": (lambda a, b: torch.stack([a, b]), 2), "index_copy": (lambda a, b: a.index_copy(0, torch.tensor([1]), b[:1]), 2),
+    "stack": (lambda a, b: torch.stack([a, b]), 2),
+    "index_copy": (lambda a, b: a.index_copy(0, torch.tensor([1]), b[:1]), 2),
 }
 DTYPES = st.sampled_from([FP16, BF16, FP32, FP64, torch.int64])
 
@@ -533,7 +653,7 @@ def test_fashion_mnist_models_give_torchs_outputs_gradients_and_dispatch_trace(b
     theirs = build()
     ours = copy.deepcopy(theirs)
     results = []
-    for model, region in ((theirs, torch.autocast("cpu", dtype=dtype)), (ours, autocast("cpu", dtype=dtype))):
+    for model, region in ((theirs, TorchAutocast("cpu", dtype=dtype)), (ours, autocast("cpu", dtype=dtype))):
         with region, dispatch_trace() as trace:
             logits = model(x)
             loss = F.cross_entropy(logits, y)
@@ -588,7 +708,7 @@ def test_defaults_are_torchs():
 
 @pytest.mark.parametrize("region", ["torch", "ampteach"])
 def test_nesting_and_enabled_false_restore_the_outer_state(region):
-    make = {"torch": torch.autocast, "ampteach": autocast}[region]
+    make = {"torch": TorchAutocast, "ampteach": autocast}[region]
     assert not torch.is_autocast_enabled("cpu")
     with make("cpu"):
         assert torch.is_autocast_enabled("cpu") and mm_dtype() == BF16
@@ -619,7 +739,7 @@ def test_an_error_inside_a_kernel_leaves_the_region_casting():
 def test_out_of_order_exit_restores_what_torch_restores():
     """Each region restores the state it found on entry: torch's rule, also when exits cross."""
     finals = []
-    for make in (torch.autocast, autocast):
+    for make in (TorchAutocast, autocast):
         outer, inner = make("cpu", dtype=FP16), make("cpu", dtype=BF16, cache_enabled=False)
         outer.__enter__()
         inner.__enter__()
@@ -652,12 +772,12 @@ def test_it_is_a_decorator_too_and_recursion_restores_the_state():
 
 @pytest.mark.parametrize("region", ["torch", "ampteach"])
 def test_argument_handling_is_torchs(region):
-    make = {"torch": torch.autocast, "ampteach": autocast}[region]
+    make = {"torch": TorchAutocast, "ampteach": autocast}[region]
     a = torch.rand(8, 8)
     with make("cpu:0"):                               # a device string with an index is its device type
         assert torch.is_autocast_enabled("cpu") and mm_dtype() == BF16
         indexed = a @ a
-    with torch.autocast("cpu"):
+    with TorchAutocast("cpu"):
         assert same(indexed, a @ a)
     for bad in ({"enabled": "yes"}, {"enabled": 1}, {"cache_enabled": "no"}, {"cache_enabled": 0}):
         with pytest.raises(TypeError):
@@ -682,7 +802,7 @@ def test_argument_handling_is_torchs(region):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests the machine without a GPU")
 @pytest.mark.parametrize("region", ["torch", "ampteach"])
 def test_cuda_without_a_gpu_warns_and_disables_itself(region):
-    make = {"torch": torch.autocast, "ampteach": autocast}[region]
+    make = {"torch": TorchAutocast, "ampteach": autocast}[region]
     with pytest.warns(UserWarning, match="CUDA is not available"):
         ctx = make("cuda")
     with ctx:
@@ -717,7 +837,7 @@ def test_banned_binary_cross_entropy_says_what_to_use_instead():
 
 def test_promote_with_a_foreign_half_type_raises_like_torch():
     a, b = torch.rand(4, dtype=FP16), torch.rand(4, dtype=BF16)
-    for region in (torch.autocast("cpu", dtype=BF16), autocast("cpu", dtype=BF16)):
+    for region in (TorchAutocast("cpu", dtype=BF16), autocast("cpu", dtype=BF16)):
         with pytest.raises(RuntimeError, match="Unexpected floating ScalarType in at::autocast::prioritize"), region:
             torch.cat([b, a])
     with autocast("cpu", dtype=BF16):   # a float32 input first decides float32, as in torch
@@ -754,7 +874,7 @@ def test_threads_with_their_own_regions_get_their_own_dtype_and_records():
 
 def test_a_torch_region_in_another_thread_is_served_with_torchs_casts_while_an_ampteach_region_is_open():
     a = torch.rand(8, 8)
-    with torch.autocast("cpu"):
+    with TorchAutocast("cpu"):
         expected = a @ a
     out, opened, done = {}, threading.Event(), threading.Event()
 
@@ -788,7 +908,7 @@ def test_a_weight_used_twice_gets_torchs_gradient(cache_enabled):
     torch.manual_seed(0)
     w, x = torch.randn(64, 64), torch.randn(32, 64)
     grads = []
-    for region in (torch.autocast("cpu", cache_enabled=cache_enabled), autocast("cpu", cache_enabled=cache_enabled)):
+    for region in (TorchAutocast("cpu", cache_enabled=cache_enabled), autocast("cpu", cache_enabled=cache_enabled)):
         p = nn.Parameter(w.clone())
         with region:
             loss = twice(p, x)
@@ -810,7 +930,8 @@ def cast_nodes(t: torch.Tensor) -> set:
     return {node for node in seen if node.name().startswith("ToCopyBackward")}
 
 
-@pytest.mark.parametrize("inner", ["cache_enabled=False", "inference_mode", "requires_grad_(False)", "_add_cached_tensor"])
+@pytest.mark.parametrize("inner", ["cache_enabled=False", "inference_mode", "requires_grad_(False)",
+                                   "_add_cached_tensor"])
 def test_a_cached_weight_is_not_served_where_torch_would_cast_afresh(inner):
     """ampteach looks the cache up early; an inner no-cache region, inference mode, a weight that no
     longer requires grad or one marked as a cached tensor must still get a fresh cast, as torch's
@@ -818,7 +939,7 @@ def test_a_cached_weight_is_not_served_where_torch_would_cast_afresh(inner):
     torch.manual_seed(0)
     w, x = torch.randn(64, 64), torch.randn(32, 64)
     results = []
-    for make in (torch.autocast, autocast):
+    for make in (TorchAutocast, autocast):
         p = nn.Parameter(w.clone())
         with make("cpu"):
             first = F.linear(x, p)                       # caches p's bf16 cast
@@ -882,7 +1003,7 @@ def test_stale_cast_after_an_in_place_update_inside_a_region_as_in_torch():
     ours = copy.deepcopy(theirs)
     x = torch.rand(2, 4)
     outputs = []
-    for lin, make in ((theirs, torch.autocast), (ours, autocast)):
+    for lin, make in ((theirs, TorchAutocast), (ours, autocast)):
         with make("cpu"):
             before = lin(x)
             with torch.no_grad():
@@ -898,7 +1019,7 @@ def test_stale_cast_after_an_in_place_update_inside_a_region_as_in_torch():
 
 def test_an_inner_region_with_another_dtype_gets_the_outer_cast_as_in_torch():
     """The cache is keyed by the tensor alone: torch's quirk, reproduced (a linear of fp16 x and bf16 w)."""
-    for region in (torch.autocast, autocast):
+    for region in (TorchAutocast, autocast):
         lin = nn.Linear(4, 4)
         with region("cpu", dtype=BF16):
             lin(torch.rand(2, 4))
@@ -907,7 +1028,7 @@ def test_an_inner_region_with_another_dtype_gets_the_outer_cast_as_in_torch():
 
 
 def test_a_cast_first_made_under_no_grad_still_carries_gradients_and_inference_mode_caches_nothing():
-    for region in (torch.autocast, autocast):
+    for region in (TorchAutocast, autocast):
         lin = nn.Linear(4, 4)
         with region("cpu"):
             with torch.no_grad():
@@ -922,18 +1043,25 @@ def test_a_cast_first_made_under_no_grad_still_carries_gradients_and_inference_m
             assert not torch.equal(before, lin(x))
 
 
-def test_mixed_regions_keep_their_own_caches():
-    """A weight used by torch's kernels and by ampteach's kernels in one torch region is cast by each."""
+def test_mixed_regions_share_one_cache_emptied_when_the_outermost_region_of_either_kind_exits():
+    """A torch region around an ampteach region: the inner region's cast serves the outer one after it,
+    as it would with torch regions only, and the gradient is the all-torch gradient."""
     torch.manual_seed(0)
     w, x = torch.randn(16, 16), torch.randn(4, 16)
-    p = nn.Parameter(w.clone())
-    with torch.autocast("cpu"):
-        with autocast("cpu"):
-            inner = F.linear(x, p)
-            assert cached_casts() == 1
-        assert cached_casts() == 0                        # emptied with the outermost ampteach region
-        outer = F.linear(x, p)                            # torch's kernel, torch's cache
-    assert same(inner, outer)
+    results = []
+    for inner_region in (TorchAutocast, autocast):
+        p = nn.Parameter(w.clone())
+        with inner_region("cpu") if inner_region is TorchAutocast else torch.autocast("cpu"):
+            with autocast("cpu") if inner_region is autocast else torch.autocast("cpu"):
+                inner = F.linear(x, p)
+            outer = F.linear(x, p)
+            shared = bool(cast_nodes(inner) & cast_nodes(outer))
+            if inner_region is autocast:
+                assert cached_casts() == 1                # not emptied: the torch region is still open
+        (inner.float().sum() + outer.float().sum()).backward()
+        results.append((inner, outer, shared, p.grad))
+    assert cached_casts() == 0
+    assert same(results[0], results[1]) and results[1][2] is True
 
 
 def test_records_name_each_listed_call():
@@ -983,7 +1111,7 @@ def test_custom_fwd_and_bwd_behave_like_torchs(cast_inputs, decorators):
     """Both decorator pairs, in both regions: the state they read is torch's, set by either region."""
     module = {"torch.amp": torch.amp, "ampteach": ampteach}[decorators]
     results = []
-    for region in (torch.autocast, autocast):
+    for region in (TorchAutocast, autocast):
         seen: list = []
         fn = make_function(module.custom_fwd(device_type="cpu", cast_inputs=cast_inputs),
                            module.custom_bwd(device_type="cpu"), seen)

@@ -51,7 +51,8 @@ def test_tables_hold_exactly_the_ops_torch_registers(device_type, key):
     else:   # another torch (the GPU machines' 2.11): op names, with the known differences applied
         got = {cl.base_name(op) for op in got}
         expected = {op for ops in cl.table(device_type).values() for op in ops} - build_only
-    assert got == expected, f"missing from the table: {sorted(got - expected)}; not registered: {sorted(expected - got)}"
+    assert got == expected, \
+        f"missing from the table: {sorted(got - expected)}; not registered: {sorted(expected - got)}"
 
 
 @pytest.mark.parametrize("device_type", cl.DEVICE_TYPES)
@@ -249,7 +250,8 @@ PROBES = {
     "multi_margin_loss": lambda d, a, b: F.multi_margin_loss(r(d, a, 4, 5), labels(d, 4, 5)),
     "triplet_margin_loss": lambda d, a, b: F.triplet_margin_loss(r(d, a, 4, 4), r(d, b, 4, 4), r(d, b, 4, 4)),
     "cosine_embedding_loss": lambda d, a, b: F.cosine_embedding_loss(r(d, a, 4, 4), r(d, b, 4, 4), r(d, b, 4)),
-    "binary_cross_entropy_with_logits": lambda d, a, b: F.binary_cross_entropy_with_logits(r(d, a, 8), r(d, b, 8) - 0.5),
+    "binary_cross_entropy_with_logits":
+        lambda d, a, b: F.binary_cross_entropy_with_logits(r(d, a, 8), r(d, b, 8) - 0.5),
     "cross_entropy_loss": lambda d, a, b: F.cross_entropy(r(d, a, 4, 5), labels(d, 4, 5)),
     "prod": lambda d, a, b: torch.prod(r(d, a, 8)),
     "softmax": lambda d, a, b: torch.softmax(r(d, a, 4, 4), 1),
@@ -355,7 +357,8 @@ SAMPLES = {   # op -> arguments that every binding of the op (torch.X, Tensor.X,
     "linalg_vecdot": lambda: (m(4, 4), m(4, 4)), "tensordot": lambda: (m(4, 4), m(4, 4)),
     "conv1d": lambda: (m(1, 2, 8), m(3, 2, 3)), "conv2d": lambda: (m(1, 2, 6, 6), m(3, 2, 3, 3)),
     "conv3d": lambda: (m(1, 1, 4, 4, 4), m(2, 1, 3, 3, 3)), "conv_transpose2d": lambda: (m(1, 2, 4, 4), m(2, 3, 3, 3)),
-    "prelu": lambda: (m(2, 4), m(1)), "scaled_dot_product_attention": lambda: (m(1, 2, 4, 8), m(1, 2, 4, 8), m(1, 2, 4, 8)),
+    "prelu": lambda: (m(2, 4), m(1)),
+    "scaled_dot_product_attention": lambda: (m(1, 2, 4, 8), m(1, 2, 4, 8), m(1, 2, 4, 8)),
     "exp": lambda: (m(8),), "log": lambda: (m(8),), "rsqrt": lambda: (m(8),), "softplus": lambda: (m(8),),
     "pow": lambda: (m(8), 2), "atan2": lambda: (m(4), m(4)), "addcmul": lambda: (m(4), m(4), m(4)),
     "softmax": lambda: (m(4, 4), 1), "log_softmax": lambda: (m(4, 4), 1), "sum": lambda: (m(4, 4),),

@@ -416,7 +416,8 @@ def test_param_groups_takes_what_torch_optim_takes_and_refuses_what_it_refuses(s
         return
     assert len(ours.param_groups) == len(ref.param_groups)
     for group, ref_group in zip(ours.param_groups, ref.param_groups):
-        assert {k: v for k, v in group.items() if k != "params"} == {k: v for k, v in ref_group.items() if k != "params"}
+        options = {k: v for k, v in group.items() if k != "params"}
+        assert options == {k: v for k, v in ref_group.items() if k != "params"}
         assert [id(p) for p in group["params"]] == [id(master.master_of(p)) for p in ref_group["params"]]
         assert all(p.dtype == torch.float32 for p in group["params"])
     assert ours.state_dict()["param_groups"] == ref.state_dict()["param_groups"]   # param_names included

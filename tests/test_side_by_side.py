@@ -7,6 +7,8 @@ import math
 import torch
 
 import ampteach
+from ampteach.amp import autocast_kernels
+from ampteach.lab.compare_torch import TorchAutocast
 from ampteach.lab.side_by_side import (
     CUSTOM_FUNCTIONS,
     IMPLEMENTATIONS,
@@ -18,10 +20,21 @@ from ampteach.lab.side_by_side import (
 
 
 def test_the_pairs_are_torchs_and_ampteachs():
-    assert IMPLEMENTATIONS["torch.amp"] == (torch.autocast, torch.amp.GradScaler)
+    assert IMPLEMENTATIONS["torch.amp"] == (TorchAutocast, torch.amp.GradScaler)
     assert IMPLEMENTATIONS["ampteach"] == (ampteach.autocast, ampteach.GradScaler)
     assert CUSTOM_FUNCTIONS["torch.amp"][1:] == (torch.amp.custom_fwd, torch.amp.custom_bwd)
     assert CUSTOM_FUNCTIONS["ampteach"][1:] == (ampteach.custom_fwd, ampteach.custom_bwd)
+    assert CUSTOM_FUNCTIONS["torch.amp"][0] is TorchAutocast and TorchAutocast.__mro__[1] is torch.autocast
+
+
+def test_torchs_side_runs_torchs_own_kernels_and_ampteachs_side_its_own():
+    """After an ampteach region the kernels stay; the torch side of a comparison must not run them."""
+    x = torch.rand(4, 4)
+    served = []
+    for impl, (autocast, _) in [*IMPLEMENTATIONS.items(), *IMPLEMENTATIONS.items()]:
+        with autocast("cpu", dtype=torch.bfloat16):
+            served.append((impl, autocast_kernels.installed(), (x @ x).dtype))
+    assert served == [("torch.amp", False, torch.bfloat16), ("ampteach", True, torch.bfloat16)] * 2
 
 
 def test_fresh_mlp_repeats_its_weights_per_seed():

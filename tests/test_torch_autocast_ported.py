@@ -27,7 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ampteach
-from ampteach.lab.compare_torch import torch_autocast
+from ampteach.lab.compare_torch import TorchAutocast, torch_autocast
 
 pytestmark = [   # torch's own cases include deprecated ops
     pytest.mark.filterwarnings("ignore:torch.chain_matmul is deprecated:UserWarning"),
@@ -59,12 +59,11 @@ def load_torch_lists() -> types.ModuleType:
 
 
 LISTS = load_torch_lists()
-AUTOCAST = sys.modules["ampteach.amp.autocast"]   # the module (ampteach.autocast is the class)
 
 
 def region(impl: str, device: str = "cpu", dtype: torch.dtype | None = None, enabled: bool = True, **kwargs):
-    if impl == "torch":
-        return torch.amp.autocast(device_type=device, dtype=dtype, enabled=enabled, **kwargs)
+    if impl == "torch":   # torch's own kernels: ampteach's, once registered, would serve torch.autocast too
+        return TorchAutocast(device_type=device, dtype=dtype, enabled=enabled, **kwargs)
     return ampteach.autocast(device_type=device, dtype=dtype, enabled=enabled, **kwargs)
 
 
@@ -100,7 +99,8 @@ def run_autocast_outofplace(impl, op, args, run_as_type, device="cpu", out_type=
         if module is not None and hasattr(module, op):
             output = getattr(module, op)(*args, **add_kwargs)
             if isinstance(output, torch.Tensor):
-                assert out_type == output.dtype, f"autocast for torch.{op} produced {output.dtype}, should produce {out_type}"
+                assert out_type == output.dtype, \
+                    f"autocast for torch.{op} produced {output.dtype}, should produce {out_type}"
         if hasattr(torch.Tensor, op):
             output_method = getattr(args[0], op)(*args[1:], **add_kwargs)
             if isinstance(output_method, torch.Tensor):
@@ -149,8 +149,10 @@ def cpu_runs() -> dict[str, tuple]:
         runs[f"{list_name}-{i}-{op}"] = (kwargs | {"op": op}, listed)
 
     for i, (op, args1, args2, out_type) in enumerate(CPU.torch_expect_builtin_promote):
-        add("torch_expect_builtin_promote", f"{i}a", op, False, args=args1, run_as_type=torch.float32, out_type=out_type)
-        add("torch_expect_builtin_promote", f"{i}b", op, False, args=args2, run_as_type=torch.float32, out_type=out_type,
+        add("torch_expect_builtin_promote", f"{i}a", op, False, args=args1, run_as_type=torch.float32,
+            out_type=out_type)
+        add("torch_expect_builtin_promote", f"{i}b", op, False, args=args2, run_as_type=torch.float32,
+            out_type=out_type,
             amp_dtype=torch.float16)
     for i, (op, args1, args2, out_type) in enumerate(CPU.methods_expect_builtin_promote):
         add("methods_expect_builtin_promote", f"{i}a", op, False, args=args1, run_as_type=torch.float32, module=None,
@@ -165,7 +167,8 @@ def cpu_runs() -> dict[str, tuple]:
                 add_kwargs=kwargs, amp_dtype=AMP_DTYPE)
     for i, (op, args1, args2) in enumerate(CPU.torch_need_autocast_promote):
         add("torch_need_autocast_promote", f"{i}a", op, True, args=args1, run_as_type=torch.float32)
-        add("torch_need_autocast_promote", f"{i}b", op, True, args=args2, run_as_type=torch.float32, amp_dtype=torch.float16)
+        add("torch_need_autocast_promote", f"{i}b", op, True, args=args2, run_as_type=torch.float32,
+            amp_dtype=torch.float16)
     return runs
 
 
@@ -282,17 +285,13 @@ class WeightDTypeCastCounterMode(TorchDispatchMode):
             self.dtype_cast_counter += 1
         return func(*args, **kwargs)
 
-    def __enter__(self):   # ampteach's regions clear ampteach's cache, through its own function
+    def __enter__(self):   # torch's: ampteach's regions also empty the cache through torch.clear_autocast_cache
         self.old_clear_cache = torch.clear_autocast_cache
-        self.old_ampteach_clear = AUTOCAST.clear_autocast_cache
         torch.clear_autocast_cache = lambda: None
-        AUTOCAST.clear_autocast_cache = lambda: None
         return super().__enter__()
 
     def __exit__(self, exc_type, exc_val, exc_tb):
         torch.clear_autocast_cache = self.old_clear_cache
-        AUTOCAST.clear_autocast_cache = self.old_ampteach_clear
-        AUTOCAST.clear_autocast_cache()
         torch.clear_autocast_cache()
         return super().__exit__(exc_type, exc_val, exc_tb)
 
@@ -346,7 +345,8 @@ def test_autocast_prioritize(impl):
 def test_autocast_fast_dtype(impl):
     fast_dtype = region(impl, "cpu").fast_dtype
     assert fast_dtype in [torch.float16, torch.bfloat16]
-    assert (region(impl, "cpu").fast_dtype, region(impl, "cuda", enabled=False).fast_dtype) == (torch.bfloat16, torch.half)
+    fast_dtypes = (region(impl, "cpu").fast_dtype, region(impl, "cuda", enabled=False).fast_dtype)
+    assert fast_dtypes == (torch.bfloat16, torch.half)
 
 
 def linear_setup():
@@ -459,7 +459,8 @@ def cuda_cases() -> dict[str, tuple]:
     for i, (op, args, out_type) in enumerate(lists.methods_expect_builtin_promote):
         cases[f"methods_expect_builtin_promote-{i}-{op}"] = (None, op, args, {}, out_type)
     for list_name, module, out_type in (("torch_fp16", torch, torch.float16), ("torch_fp32", torch, torch.float32),
-                                        ("nn_fp16", torch._C._nn, torch.float16), ("nn_fp32", torch._C._nn, torch.float32),
+                                        ("nn_fp16", torch._C._nn, torch.float16),
+                                        ("nn_fp32", torch._C._nn, torch.float32),
                                         ("linalg_fp16", torch._C._linalg, torch.float16),
                                         ("methods_fp16", None, torch.float16), ("methods_fp32", None, torch.float32)):
         for i, item in enumerate(getattr(lists, list_name)):

@@ -191,7 +191,8 @@ def registered(device_type: str) -> frozenset[str]:
 def table(device_type: str, version: str | None = None) -> dict[str, tuple[str, ...]]:
     """policy -> sorted base op names for device_type, in torch `version` (default: the installed one)."""
     version = version or torch.__version__
-    result = {policy: sorted({base_name(op) for op in ops}) for policy, ops in TABLES[_check_device(device_type)].items()}
+    lists = TABLES[_check_device(device_type)]
+    result = {policy: sorted({base_name(op) for op in ops}) for policy, ops in lists.items()}
     for diff in VERSION_DIFFERENCES:
         if diff.device_type == device_type and _older(version, diff.versions):
             for ops in result.values():

@@ -27,6 +27,10 @@ from functools import partial
 import torch
 from torch import nn
 
+from ampteach.amp.containers import cast_tensors
+
+__all__ = ["HALF_DTYPES", "NORM_LAYERS", "MasterWeights", "to_half"]
+
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 # _NormBase: BatchNorm1d/2d/3d, SyncBatchNorm, InstanceNorm*; their statistics need fp32's range and precision.
@@ -46,7 +50,8 @@ def to_half(model: nn.Module, dtype: torch.dtype = torch.float16, keep_norm_fp32
 
     Parameters and floating buffers become `dtype` (w_half = round(w)); integer buffers are left alone.
     So that the model runs without autocast, as Apex O2 did, floating inputs of the whole model are
-    cast to `dtype` and its floating outputs to fp32 (the loss is computed in fp32). With
+    cast to `dtype` and its floating outputs to fp32 (the loss is computed in fp32), inside containers
+    too, walked as torch.amp's custom_fwd walks them (ampteach.amp.containers). With
     keep_norm_fp32, every BatchNorm/InstanceNorm/LayerNorm/GroupNorm/RMSNorm keeps fp32 parameters
     and running statistics: the half activations are cast to fp32 on the way in (exact) and its
     output back to `dtype` on the way out, so the next half layer gets the dtype it expects.
@@ -76,24 +81,16 @@ def _cast_io(module: nn.Module, inputs: torch.dtype, outputs: torch.dtype) -> No
 
 
 def _cast_inputs(dtype, module, args, kwargs):
-    return _cast_floats(args, dtype), _cast_floats(kwargs, dtype)
+    cast = partial(_cast_floating, dtype)
+    return cast_tensors(args, cast), cast_tensors(kwargs, cast)
 
 
 def _cast_output(dtype, module, args, output):
-    return _cast_floats(output, dtype)
+    return cast_tensors(output, partial(_cast_floating, dtype))
 
 
-def _cast_floats(obj, dtype: torch.dtype):
-    """obj with every floating tensor in it (also inside tuples, lists and dicts) cast to dtype."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(dtype) if obj.is_floating_point() else obj
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
-        return type(obj)(*(_cast_floats(o, dtype) for o in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_cast_floats(o, dtype) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _cast_floats(v, dtype) for k, v in obj.items()}
-    return obj
+def _cast_floating(dtype: torch.dtype, t: torch.Tensor) -> torch.Tensor:
+    return t.to(dtype) if t.is_floating_point() else t
 
 
 class MasterWeights:

@@ -19,17 +19,22 @@ from torch import nn
 
 from ampteach.amp.autocast import autocast, custom_bwd, custom_fwd
 from ampteach.amp.scaler import GradScaler
+from ampteach.lab.compare_torch import TorchAutocast
 from ampteach.training.models import mlp
 
-# name -> (autocast, GradScaler): call them the same way, autocast("cpu", dtype=...), GradScaler("cpu", ...)
+__all__ = ["CUSTOM_FUNCTIONS", "IMPLEMENTATIONS", "first_difference", "fresh_mlp", "same_state", "same_weights"]
+
+# name -> (autocast, GradScaler): call them the same way, autocast("cpu", dtype=...), GradScaler("cpu", ...).
+# torch's side is torch.autocast on torch's own C++ kernels (TorchAutocast): ampteach's, once registered,
+# serve torch.autocast regions too, and a comparison of ampteach with itself would prove nothing.
 IMPLEMENTATIONS = {
-    "torch.amp": (torch.autocast, torch.amp.GradScaler),
+    "torch.amp": (TorchAutocast, torch.amp.GradScaler),
     "ampteach": (autocast, GradScaler),
 }
 
 # name -> (autocast, custom_fwd, custom_bwd) for custom autograd functions
 CUSTOM_FUNCTIONS = {
-    "torch.amp": (torch.autocast, torch.amp.custom_fwd, torch.amp.custom_bwd),
+    "torch.amp": (TorchAutocast, torch.amp.custom_fwd, torch.amp.custom_bwd),
     "ampteach": (autocast, custom_fwd, custom_bwd),
 }
 
