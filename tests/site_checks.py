@@ -93,5 +93,6 @@ def broken_cells(page) -> list[str]:
             continue
         outputs = cell.select(".cell_output")
         if any(o.select(".traceback") or "Traceback (most recent call last)" in o.get_text() for o in outputs):
-            broken.append(cell.select_one(".cell_input").get_text()[:200] if cell.select_one(".cell_input") else str(cell)[:200])
+            source = cell.select_one(".cell_input")
+            broken.append(source.get_text()[:200] if source else str(cell)[:200])
     return broken
