@@ -1,7 +1,9 @@
 """What the nbgrader and Otter exports share: each solution read as the parts a grader needs, and the points.
 
-    for part in read_parts(Path("solutions/build_2_loss_scale_update.ipynb")):
-        part.role, part.points, part.learner     # "solution", 0, "def update_scale(...):\\n    # YOUR CODE HERE ..."
+    parts = read_parts(Path("solutions/build_2_loss_scale_update.ipynb"))
+    [p.role for p in parts]      # ['given', 'given', 'given', 'solution', 'check', 'hidden-check', 'given']
+    sum(p.points for p in parts) # 2: one per check cell, as `ampteach grade` counts them
+    parts[3].learner             # 'def update_scale(...):\\n ... # YOUR CODE HERE\\n    raise NotImplementedError()'
 
 A solution notebook's cells fall in five roles, found the way the exercise generator finds them
 (ampteach.grading.exercises): a `solution` cell has a `### BEGIN SOLUTION` region in code, an `answer` cell
@@ -28,6 +30,7 @@ from ampteach.grading.exercises import (
     BEGIN,
     END,
     HIDDEN,
+    ROOT,
     STARTER,
     MarkerError,
     check_functions,
@@ -67,7 +70,6 @@ class Part:
 
 def default_solutions() -> Path:
     """solutions/ of the checkout ampteach runs from (the exports are written from a checkout)."""
-    from ampteach.grading.exercises import ROOT
     return ROOT / "solutions"
 
 
@@ -135,13 +137,21 @@ def worked_code(source: str) -> str:
 
 def check_preamble(functions: list[str]) -> str:
     """The lines that make a check cell call the course's own checks, as `ampteach grade` does: a function of
-    the same name that the learner's notebook defined does not count."""
+    the same name that the learner's notebook defined does not count.
+
+        check_preamble(["check_loss_scale_update"])
+        # 'from ampteach.grading.checks import course_check  # ...\ncheck_loss_scale_update = course_check("...")'
+    """
     lines = ["from ampteach.grading.checks import course_check  # the course's own checks, not a redefinition"]
     return "\n".join(lines + [f'{name} = course_check("{name}")' for name in functions])
 
 
 def free_names(source: str, where: str = "cell") -> list[str]:
-    """The global names a cell reads but does not define (what it needs from the notebook), in order."""
+    """The global names a cell reads but does not define: what it needs from the notebook.
+
+        free_names("rows = {p: measure(p, data) for p in ALL}\ncheck_table(rows)")
+        # ['ALL', 'check_table', 'measure', 'data']: not rows (assigned), p (the comprehension's), or builtins
+    """
     try:
         table = symtable.symtable(source, where, "exec")
     except SyntaxError as exc:
