@@ -33,7 +33,7 @@ from ampteach.training.seeding import seed_everything
 from ampteach.training.text import CharText, PreloadedText
 from ampteach.training.train import autocast_for, prepare, train, train_step
 
-__all__ = ["RUNS", "config_for", "plan_steps", "plot_val_loss", "samples", "step_seconds", "train_runs"]
+__all__ = ["RUNS", "config_for", "plan_steps", "plot_val_loss", "samples", "step_seconds", "train_run", "train_runs"]
 
 RUNS = {   # name -> what differs from TrainConfig(batch_size=32, lr=1e-3, optimizer="adamw")
     "fp32": dict(precision="fp32"),
@@ -85,19 +85,27 @@ def plan_steps(step_times: dict[str, float], budget_s: dict[str, float] | None =
     return plan
 
 
+def train_run(data: PreloadedText, name: str, steps: int, make_model: Callable[[], nn.Module] | None = None,
+              batch_size: int = 32, lr: float = 1e-3) -> tuple[History, nn.Module]:
+    """(History, trained model) of run `name` for `steps` steps (whole epochs of data.steps_per_epoch), from seed 0.
+
+        histories["fp32"], models["fp32"] = train_run(data, "fp32", 300)
+    """
+    every = data.steps_per_epoch
+    if steps < every or steps % every:
+        raise ValueError(f"{name}: {steps} steps is not a whole number of epochs of {every} steps "
+                         f"(data.steps_per_epoch)")
+    seed_everything(0)
+    model = (make_model or (lambda: gpt(65)))()
+    return train(model, data, config_for(name, epochs=steps // every, batch_size=batch_size, lr=lr)), model
+
+
 def train_runs(data: PreloadedText, steps: dict[str, int], make_model: Callable[[], nn.Module] | None = None,
                batch_size: int = 32, lr: float = 1e-3) -> tuple[dict[str, History], dict[str, nn.Module]]:
-    """(name -> History, name -> trained model): ampteach.train for each planned run, all from seed 0."""
-    every = data.steps_per_epoch
+    """(name -> History, name -> trained model): train_run for each planned run, all from seed 0."""
     histories, models = {}, {}
     for name, n in steps.items():
-        if n % every:
-            raise ValueError(f"{name}: {n} steps is not a whole number of epochs of {every} steps "
-                             f"(data.steps_per_epoch)")
-        seed_everything(0)
-        model = (make_model or (lambda: gpt(65)))()
-        histories[name] = train(model, data, config_for(name, epochs=n // every, batch_size=batch_size, lr=lr))
-        models[name] = model
+        histories[name], models[name] = train_run(data, name, n, make_model, batch_size, lr)
     return histories, models
 
 
