@@ -22,12 +22,14 @@ from typing import Callable
 
 import torch
 
-__all__ = ["cache_usable", "cached_casts", "caster", "clear_autocast_cache", "hook_clear", "hooked", "on_device",
-           "unhook_clear"]
+__all__ = ["cache_usable", "cached_cast", "cached_casts", "caster", "clear_autocast_cache", "converter", "hook_clear",
+           "hooked", "lookup", "on_device", "unhook_clear"]
 
 _F32, _F64 = torch.float32, torch.float64
 _cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(fp32 leaf) -> (leaf, cast): process-wide, as torch's
 _torch_clear_autocast_cache = torch._C.clear_autocast_cache
+_is_cached = torch._C._is_cached_tensor
+lookup = _cache.get      # id(t) -> (t, cast) or None: how the kernels look a weight up (_cache is never rebound)
 _CONVERT = {torch.bfloat16: torch.Tensor.bfloat16, torch.float16: torch.Tensor.half, torch.float32: torch.Tensor.float}
 
 
@@ -72,39 +74,49 @@ def on_device(device: str) -> Callable[[torch.Tensor], bool]:
     return (lambda t: t.is_cpu or t.is_mkldnn) if device == "cpu" else (lambda t: t.is_cuda)
 
 
+def cached_cast(t: torch.Tensor, convert: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """convert(t) through the cache, for an fp32 leaf t that requires grad, on the region's device,
+    converted to the region's dtype while cache_usable(): torch's cached_cast once it has checked those.
+
+    A cached t is served after one more of torch's checks (is_cached_tensor, which can change for the
+    same tensor; the view check cannot). Else a cast is made with grad enabled (a cast first made
+    under no_grad still carries gradients later), and kept unless t is a view or a cached tensor.
+    """
+    hit = _cache.get(id(t))
+    if hit is not None and hit[0] is t:          # entered as a non-view (a tensor stays one or the other)
+        return hit[1] if not _is_cached(t) else convert(t)
+    if t._is_view() or _is_cached(t) or hit is not None:
+        return convert(t)
+    if torch.is_grad_enabled():
+        cast_t = convert(t)
+    else:
+        with torch.enable_grad():
+            cast_t = convert(t)
+    _cache[id(t)] = (t, cast_t)                  # holding t keeps its id from being reused while cached
+    return cast_t
+
+
+def converter(to: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """t -> t.to(to) by the fastest binding (t.bfloat16() parses no arguments: the same op, faster)."""
+    return _CONVERT.get(to) or (lambda t: t.to(to))
+
+
 def caster(device: str) -> Callable[[torch.Tensor, torch.dtype, bool], torch.Tensor]:
-    """cast(t, to, cache) for one device's kernels: torch's at::autocast::cached_cast."""
+    """cast(t, to, cache) for one device's kernels: torch's at::autocast::cached_cast.
+
+    t.to(to) if t is eligible (floating, on the device, not float64) and not already `to`; with
+    cache=True (`to` is the region's dtype and cache_usable(), read once per op call) an fp32 leaf
+    that requires grad goes through the cache (cached_cast). The cache is keyed by the tensor alone:
+    an inner region with another dtype gets the outer region's cast, as in torch.
+    """
     on_dev = on_device(device)
-    is_cached, grad_enabled, cached = torch._C._is_cached_tensor, torch.is_grad_enabled, _cache.get
 
     def cast(t: torch.Tensor, to: torch.dtype, cache: bool) -> torch.Tensor:
-        """t.to(to) if t is eligible (floating, on the device, not float64) and not already `to`.
-
-        cache=True (`to` is the region's dtype and cache_usable(), read once per op call): an fp32
-        leaf that requires grad and is not a view is cast once. The cast is made with grad enabled
-        (a cast first made under no_grad still carries gradients later) and keyed by the tensor
-        alone (an inner region with another dtype gets the outer region's cast, as in torch). A
-        cached weight is looked up first: of torch's conditions only those that can change for the
-        same tensor object are checked again (not the view check).
-        """
         dtype = t.dtype
-        if cache and dtype is _F32:
-            hit = cached(id(t))
-            if hit is not None and hit[0] is t and t.requires_grad and t.is_leaf and on_dev(t) \
-                    and not is_cached(t):
-                return hit[1]
         if dtype is to or (dtype is not _F32 and (dtype is _F64 or not dtype.is_floating_point)) or not on_dev(t):
             return t
-        convert = _CONVERT.get(to) or (lambda u: u.to(to))   # t.bfloat16() parses no arguments: same op, faster
-        if cache and dtype is _F32 and t.requires_grad and t.is_leaf and not t._is_view() and not is_cached(t) \
-                and cached(id(t)) is None:
-            if grad_enabled():
-                cast_t = convert(t)
-            else:
-                with torch.enable_grad():
-                    cast_t = convert(t)
-            _cache[id(t)] = (t, cast_t)      # holding t keeps its id from being reused while cached
-            return cast_t
-        return convert(t)
+        if cache and dtype is _F32 and t.requires_grad and t.is_leaf:
+            return cached_cast(t, converter(to))
+        return converter(to)(t)
 
     return cast
