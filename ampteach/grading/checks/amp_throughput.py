@@ -69,7 +69,7 @@ def check_amp_step(amp_step: Callable) -> None:
 # --- part 2: is `measure` measuring what it says? -------------------------------------------------------
 
 CHECK_BATCH, CHECK_STEPS, CHECK_WARMUP = 64, 16, 3   # the check's own run: 16 steps of 64, 3 of them warm-up
-SLOW_STEPS, DELAY, MOST = 2, 0.5, 30.0   # the first 2 steps and the evaluation are made 0.5-30 s slower each
+SLOW_STEPS, DELAY, MOST = 3, 0.5, 5.0   # the first 3 steps and the evaluation are made 0.5-5 s slower each
 
 
 def _sliced(data, n_train: int, n_test: int, clock: _StepClock):
@@ -123,18 +123,19 @@ def _names_used(fn: Callable, depth: int = 2) -> set[str]:
 
 
 class _StepClock:
-    """Global optimizer hooks: the first SLOW_STEPS steps are a warm-up that costs (the second sleeps long
-    enough to outweigh every later step, judged from the first), and every step's end is timestamped
-    (on CUDA with an event, read after the run, so that nothing here synchronises)."""
+    """Global optimizer hooks: the first SLOW_STEPS steps are a warm-up that costs (the last of them sleeps
+    long enough to outweigh every later step together, judged from the one before it), and every step's
+    end is timestamped (on CUDA with an event, read after the run, so that nothing here synchronises)."""
 
     def __init__(self, cuda: bool) -> None:
-        self.cuda, self.starts, self.ends, self.walls, self.optimizers = cuda, [], [], [], []
+        self.cuda, self.ends, self.walls, self.sleeps, self.optimizers = cuda, [], [], [], []
         self.slept = 0.0
 
     def sleep(self, seconds: float) -> None:
-        seconds = min(MOST, max(DELAY, seconds))
-        time.sleep(seconds)
-        self.slept += seconds
+        start = time.perf_counter()
+        time.sleep(min(MOST, max(DELAY, seconds)))
+        self.sleeps.append(time.perf_counter() - start)     # as slept: a busy machine wakes late
+        self.slept += self.sleeps[-1]
 
     def since_warmup(self) -> float:
         """Seconds from the end of the warm-up to the end of the last step so far."""
@@ -143,9 +144,10 @@ class _StepClock:
     def pre(self, optimizer, args, kwargs) -> None:
         step = len(self.ends)
         if step < SLOW_STEPS:
-            first = self.walls[0] - self.starts[0] if step and not self.cuda else 0.0
-            self.sleep(2 * CHECK_STEPS * first)
-        self.starts.append(time.perf_counter())
+            typical = 0.0       # the last warm-up step outweighs every later one, judged by the step before it
+            if step == SLOW_STEPS - 1 and step >= 2 and not self.cuda:
+                typical = self.walls[step - 1] - self.walls[step - 2] - self.sleeps[step - 1]
+            self.sleep(2 * CHECK_STEPS * typical)
         if optimizer not in self.optimizers:
             self.optimizers.append(optimizer)
 
@@ -201,7 +203,7 @@ def _plausible_memory(peak: float, params: list[torch.Tensor], cuda: bool) -> st
 def check_e6_1_measure(measure: Callable, data) -> None:
     """measure(precision, data, epochs, batch_size, warmup_steps) -> {"samples_per_s", "peak_mem_bytes",
     "accuracy"}, run by the check for fp32 on 16 batches of 64 with warmup_steps=3, while it makes the
-    first 2 steps and the evaluation slower (each by more than the other steps take together): samples/s
+    3 warm-up steps and the evaluation slower (each by more than the other steps take together): samples/s
     must match the speed at which the later steps really ran (so warm-up and evaluation stay out of it,
     and CUDA time is synchronised); the memory must fit the model and the batch."""
     clock = _StepClock(getattr(getattr(data, "device", None), "type", "cpu") == "cuda")
