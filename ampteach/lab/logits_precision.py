@@ -14,8 +14,9 @@ Two places can round it to a half dtype, emulated here exactly (float64 arithmet
                                 a few nats, so one rounding costs up to that times 2^-9
 and the same for fp16 (3 more bits: 8x smaller). The mean loss over many tokens averages the rounding
 errors (they have either sign), so it moves far less than one token's loss: the per-token error is what
-a gradient sees. CUDA autocast runs log_softmax and cross_entropy in fp32; CPU autocast runs cross_entropy
-in fp32. Neither undoes the rounding of the logits themselves, which happened in the matmul's output.
+a gradient sees. CUDA autocast computes log_softmax and nll_loss (what cross_entropy runs) in fp32; CPU
+autocast has cross_entropy on its fp32 list. Neither undoes the rounding of the logits themselves, which
+happened in the matmul's output.
 """
 
 from __future__ import annotations
