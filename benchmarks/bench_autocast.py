@@ -12,9 +12,9 @@ op (the MLP calls three: two linears and the loss) what running Python costs (se
 for instruction counts). Unlisted ops (ReLU, pooling, the whole backward pass) never enter Python.
 
 Blocks: each round runs a block of steps under torch.autocast on torch's own kernels (ampteach's are
-removed first, as ampteach.lab.compare_torch.use_torch_kernels does), then a block under
-ampteach.autocast (its first step registers the kernels again; the first step of every block is left
-out). The ratio is the median over rounds of ampteach's block median over torch's block median: each
+removed first, as ampteach.lab.compare_torch.use_torch_kernels does) and a block under ampteach.autocast
+(its first step registers the kernels again; the first step of every block is left out), taking turns
+to go first. The ratio is the median over rounds of ampteach's block median over torch's block median: each
 round's two blocks run milliseconds apart, so a load that drifts more slowly cancels out.
 
 Alternate: each round runs a block on torch's own kernels, then a block that alternates every step
@@ -67,15 +67,18 @@ def timed(step, regions: list, clock) -> list[float]:
 
 
 def blocks(step, rounds: int, block: int, clock) -> dict[str, float]:
-    """Per round: a torch block on torch's kernels, then an ampteach block. Ratios of block medians."""
+    """Per round a torch block on torch's kernels and an ampteach block, in turns first. Ratios of block medians."""
     ratios, fastest = [], {"torch": float("inf"), "ampteach": float("inf")}
+    sides = [("torch", torch.autocast), ("ampteach", autocast)]
     for round_ in range(rounds + 1):
-        use_torch_kernels()
         medians = {}
-        for name, region in (("torch", torch.autocast), ("ampteach", autocast)):
+        for name, region in (sides if round_ % 2 else sides[::-1]):
+            if name == "torch":
+                use_torch_kernels()
             times = timed(step, [region] * block, clock)[1:]     # the first step of a block may (re)register
             medians[name] = statistics.median(times)
-            fastest[name] = min(fastest[name], min(times)) if round_ else fastest[name]
+            if round_:
+                fastest[name] = min(fastest[name], min(times))
         if round_:      # round 0 warms up
             ratios.append(medians["ampteach"] / medians["torch"])
     return {"ratio": statistics.median(ratios), "torch": fastest["torch"], "ampteach": fastest["ampteach"]}
@@ -123,7 +126,8 @@ def main() -> None:
         if not args.alternate:
             b = blocks(step, args.rounds, args.block, clock)
             print(f"{label:<30} blocks:    ampteach / torch {b['ratio']:.3f}x   (fastest steps: torch "
-                  f"{b['torch'] * 1e3:.3f} ms, ampteach {b['ampteach'] * 1e3:.3f} ms)", flush=True)
+                  f"{b['torch'] * 1e3:.3f} ms, ampteach {b['ampteach'] * 1e3:.3f} ms, "
+                  f"{b['ampteach'] / b['torch']:.3f}x)", flush=True)
             if label == rows[0][0]:
                 verdicts.append(("blocks", b["ratio"], TARGET_BLOCKS))
         a = alternate(step, args.rounds, args.block, clock)

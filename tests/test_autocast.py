@@ -41,6 +41,7 @@ from ampteach.amp.autocast_kernels import (
 from ampteach.lab.compare_torch import (
     OP_CASES,
     TorchAutocast,
+    cache_conditions,
     dispatch_trace,
     fake_cuda,
     op_agreement,
@@ -1153,3 +1154,13 @@ def test_no_warnings_from_a_plain_region():
         warnings.simplefilter("error")
         with autocast("cpu"), autocast("cuda", fake_cuda=True):
             torch.mm(torch.rand(2, 2), torch.rand(2, 2))
+
+
+def test_the_cache_conditions_table_is_torchs():
+    """The lesson's table of which tensors are cast once per region: the same for both, as torch's cached_cast."""
+    rows = cache_conditions({"torch": TorchAutocast, "ampteach": autocast})
+    assert [row[1] for row in rows] == [row[2] for row in rows]
+    assert {row[0]: row[1] for row in rows} == {
+        "an fp32 parameter p": "once", "p in a region with cache_enabled=False": "twice",
+        "p inside torch.inference_mode()": "twice", "a view of p (p[:])": "twice",
+        "a result computed from p (p * 1)": "twice", "p.detach() (no grad)": "twice", "a float64 parameter": "never"}

@@ -22,6 +22,7 @@ import torch
 import torch._dynamo
 import torch.nn.functional as F
 from torch import nn
+from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
 import ampteach
 from ampteach.amp import autocast_kernels
@@ -30,6 +31,14 @@ from ampteach.lab.compare_torch import use_torch_kernels
 
 IMPLS = ("torch", "ampteach")
 needs_c_compiler = pytest.mark.skipif(not has_c_compiler(), reason="inductor's CPU kernels need a C++ compiler")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def inductor_cache_of_its_own(tmp_path_factory):
+    """Inductor's usual cache may hold code built under other CPU settings (ATEN_CPU_CAPABILITY), which
+    computes other bits than a fresh build, for torch.autocast as for ampteach.autocast."""
+    with temporary_cache_dir(str(tmp_path_factory.mktemp("inductor"))):
+        yield
 
 
 def region_of(impl: str):

@@ -13,9 +13,11 @@ torch's own kernels (ampteach.lab.compare_torch.use_torch_kernels).
 from __future__ import annotations
 
 import shutil
+import tempfile
 from typing import Callable
 
 import torch
+from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
 from ampteach.amp import autocast_kernels
 from ampteach.amp.autocast import autocast
@@ -56,8 +58,15 @@ def compile_table(backends: tuple[str, ...] = BACKENDS) -> list[list[str]]:
 
     A row: backend, torch.autocast's dtype (on torch's kernels), ampteach.autocast's (with ampteach's
     kernels registered), graphs (and breaks) of each, and whether the two outputs are equal bit for
-    bit. Inductor without a C compiler: "no C compiler".
+    bit. Inductor without a C compiler: "no C compiler"; a backend that fails to compile here:
+    "fails (<error>)". Inductor caches in a fresh folder (its usual cache may hold code built under
+    other CPU settings, such as ATEN_CPU_CAPABILITY, which computes other bits).
     """
+    with tempfile.TemporaryDirectory() as folder, temporary_cache_dir(folder):
+        return _compile_rows(backends)
+
+
+def _compile_rows(backends: tuple[str, ...]) -> list[list[str]]:
     torch.manual_seed(0)
     a, b = torch.rand(8, 8), torch.rand(8, 8)
     rows = []
@@ -65,12 +74,24 @@ def compile_table(backends: tuple[str, ...] = BACKENDS) -> list[list[str]]:
         if backend == "inductor" and not has_c_compiler():
             rows.append([backend, "no C compiler", "no C compiler", "-", "-"])
             continue
-        use_torch_kernels()
-        theirs, graphs_t, breaks_t = compiled(_mm_in_a_region(torch.autocast), (a, b), backend)
-        autocast_kernels.install()              # AOTAutograd then traces the casts through ampteach's kernels
-        ours, graphs_a, breaks_a = compiled(_mm_in_a_region(autocast), (a, b), backend)
-        rows.append([backend, str(theirs.dtype).removeprefix("torch."), str(ours.dtype).removeprefix("torch."),
-                     f"{graphs_t} ({breaks_t}) / {graphs_a} ({breaks_a})",
-                     "yes" if theirs.dtype == ours.dtype and torch.equal(theirs, ours) else "no"])
+        results = []
+        for region in (torch.autocast, autocast):
+            if region is torch.autocast:
+                use_torch_kernels()
+            else:
+                autocast_kernels.install()      # AOTAutograd then traces the casts through ampteach's kernels
+            try:
+                results.append(compiled(_mm_in_a_region(region), (a, b), backend))
+            except Exception as exc:   # noqa: BLE001  (a backend that cannot compile here is a row too)
+                results.append((f"fails ({type(exc.__cause__ or exc).__name__})", "-", "-"))
+        (theirs, graphs_t, breaks_t), (ours, graphs_a, breaks_a) = results
+        same = isinstance(theirs, torch.Tensor) and isinstance(ours, torch.Tensor) and theirs.dtype == ours.dtype \
+            and torch.equal(theirs, ours)
+        rows.append([backend, _dtype_or(theirs), _dtype_or(ours), f"{graphs_t} ({breaks_t}) / {graphs_a} ({breaks_a})",
+                     "yes" if same else "no"])
     torch._dynamo.reset()
     return rows
+
+
+def _dtype_or(result) -> str:
+    return str(result.dtype).removeprefix("torch.") if isinstance(result, torch.Tensor) else result

@@ -42,9 +42,10 @@ from ampteach.amp import autocast_kernels
 from ampteach.amp.autocast import CastRecord, autocast
 from ampteach.lab.autocast_op_cases import OP_CASES, OpCase
 
-__all__ = ["LOWER", "OP_CASES", "Agreement", "DispatchTrace", "OpCase", "ReferenceReport", "StepRecord",
-           "TorchAutocast", "TraceEntry", "agreement_rows", "compare_training", "device_context", "dispatch_trace",
-           "fake_cuda", "has_cuda", "html_table", "op_agreement", "run_case", "torch_autocast", "use_torch_kernels"]
+__all__ = ["CACHE_CASES", "LOWER", "OP_CASES", "Agreement", "DispatchTrace", "OpCase", "ReferenceReport", "StepRecord",
+           "TorchAutocast", "TraceEntry", "agreement_rows", "cache_conditions", "compare_training", "device_context",
+           "dispatch_trace", "fake_cuda", "has_cuda", "html_table", "op_agreement", "run_case", "torch_autocast",
+           "use_torch_kernels"]
 
 LOWER = {"cpu": torch.bfloat16, "cuda": torch.float16}
 
@@ -337,6 +338,59 @@ def compare_training(model: nn.Module, batches: Iterable[tuple[torch.Tensor, tor
             loss_t.item(), loss_a.item(), trace_t == trace_a,
             _max_diff([logits_t], [logits_a]), _max_diff(grads[0], grads[1]), scales[0], scales[1]))
     return report
+
+
+# ---------------------------------------------------------------------------------------------------
+# The weight-cast cache: which tensors are cast once per region
+
+class _CastCounter(TorchDispatchMode):
+    """Counts the casts of one tensor below autocast (aten._to_copy; in inference mode aten.to arrives whole)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        super().__init__()
+        self.tensor, self.casts = tensor, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten._to_copy, torch.ops.aten.to) and args[0] is self.tensor:
+            self.casts += 1
+        return func(*args, **(kwargs or {}))
+
+
+CACHE_CASES: dict[str, tuple[Callable[[nn.Parameter], torch.Tensor], dict, bool]] = {
+    # name: (the tensor used as the weight, made from an fp32 parameter p; region options; in inference mode)
+    "an fp32 parameter p": (lambda p: p, {}, False),
+    "p in a region with cache_enabled=False": (lambda p: p, {"cache_enabled": False}, False),
+    "p inside torch.inference_mode()": (lambda p: p, {}, True),
+    "a view of p (p[:])": (lambda p: p[:], {}, False),
+    "a result computed from p (p * 1)": (lambda p: p * 1, {}, False),
+    "p.detach() (no grad)": (lambda p: p.detach(), {}, False),
+    "a float64 parameter": (lambda p: nn.Parameter(p.detach().double()), {}, False),
+}
+
+
+def cache_conditions(regions: dict[str, Callable]) -> list[list[str]]:
+    """Per CACHE_CASES entry and region: is the weight cast "once" for two uses in one region, "twice", or "never"?
+
+        rows = cache_conditions({"torch.autocast": TorchAutocast, "ampteach.autocast": ampteach.autocast})
+
+    Counted below autocast (the casts that reach the kernels under it), two F.linear calls per region.
+    """
+    rows = []
+    for case, (make, options, inference) in CACHE_CASES.items():
+        row = [case]
+        for region in regions.values():
+            weight = make(nn.Parameter(torch.rand(4, 4)))
+            x = torch.rand(2, 4, dtype=weight.dtype)
+            with contextlib.ExitStack() as stack:
+                if inference:
+                    stack.enter_context(torch.inference_mode())
+                stack.enter_context(region("cpu", dtype=torch.bfloat16, **options))
+                counter = stack.enter_context(_CastCounter(weight))
+                F.linear(x, weight)
+                F.linear(x, weight)
+            row.append({0: "never", 1: "once", 2: "twice"}[counter.casts])
+        rows.append(row)
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------------
