@@ -75,6 +75,20 @@ def test_data_comes_from_the_bundled_split(installed, elsewhere):
     assert where.returncode == 0 and "bundled with ampteach" in where.stdout, where.stdout + where.stderr
 
 
+def test_shakespeare_and_the_gpt_come_with_the_package(installed, elsewhere):
+    bin_dir, env = installed
+    code = ("import ampteach, torch; t = ampteach.load_shakespeare(); m = ampteach.gpt(len(t.vocab)); "
+            "print(ampteach.training.text.bundled_text_path().is_relative_to(ampteach.__file__.rsplit('/', 1)[0]), "
+            "len(t.text), len(t.vocab), tuple(m(t.encode('ROMEO:')[None]).shape))")
+    out = run([str(bin_dir / "python"), "-c", code], elsewhere, env)
+    assert out.returncode == 0, out.stderr
+    from ampteach.training.text import load_shakespeare
+
+    here = load_shakespeare()                                    # the checkout's copy, for comparison
+    n, v = str(len(here.text)), str(len(here.vocab))
+    assert out.stdout.split() == ["True", n, v, "(1,", "6,", f"{v})"], out.stdout
+
+
 def test_bench_runs_from_any_directory(installed, elsewhere):
     bin_dir, env = installed
     out = run([str(bin_dir / "ampteach"), "bench", "--epochs", "1", "--configs", "fp32,bf16", "--impls", "ampteach",
