@@ -105,6 +105,10 @@ class MasterWeights:
     Parameters that are already fp32 (norm layers kept fp32 by to_half) are their own master, as in
     Apex: no copy, and their gradients reach the optimizer directly. Build it after moving the model
     to its device; the copies live beside the parameters. state_dict() is an fp32 checkpoint.
+
+    Args:
+        model (nn.Module): the half model (to_half's); its trainable parameters get fp32 masters,
+            in model.parameters() order (`params`, and `pairs` of (half parameter, fp32 copy)).
     """
 
     def __init__(self, model: nn.Module):
