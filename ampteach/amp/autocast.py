@@ -8,9 +8,8 @@
         model(x)
     region.records[0]    # CastRecord(op='linear', policy='lower_precision_fp', inputs=(float32, ...), output=bfloat16)
 
-The policy, per listed op call and eligible input x (floating, on the region's device, not float64):
-lower_precision_fp x -> x.to(dtype); fp32 x -> x.float(); fp32_set_opt_dtype op(x) -> op(x, dtype=float32);
-fp32_append_dtype norm(x) -> norm(x, dtype=float32); promote: all inputs -> the widest; banned: raise.
+The policy, per listed op and eligible input x (floating, on the region's device, not float64): x -> the
+region's dtype, x -> float32, op(x) -> op(x, dtype=float32), all inputs -> the widest, or an error (cast_lists).
 
 How. Every tensor carries its device's Autocast dispatch key, which torch keeps switched off per
 thread; a region switches it on. Each op call then meets the key first, above autograd: an op with a
@@ -21,7 +20,9 @@ kernels (ampteach.amp.autocast_kernels), and every region sets torch's own autoc
 dtype, cache_enabled, nesting) exactly as torch.autocast does. So whatever in torch reads that state
 sees a region (checkpointing, custom_fwd, nn.LSTM, TorchScript), and C++ composites decompose into
 listed ops as under torch. The kernels stay: they serve torch.autocast regions too, exactly as
-torch's would, so mixing the two costs nothing.
+torch's would, so mixing the two costs nothing. One weight-cast cache serves both, with torch's
+lifetime: while the kernels are registered, torch.clear_autocast_cache (which torch.autocast calls on
+exit) is ampteach's, emptying torch's cache and ampteach's (ampteach.amp.autocast_cache).
 
 Under torch.compile. Dynamo does not run a region's __enter__: it records torch.autocast's enter
 and exit in the graph (torch.amp._enter_autocast / _exit_autocast), which the backend replays, and
@@ -34,8 +35,9 @@ Beyond torch: record=True; fake_cuda=True keeps a CUDA region on without a GPU s
 on fake CUDA tensors (ampteach.lab.compare_torch.fake_cuda()): dtypes and errors are real, numbers
 are not. Where torch leaves its state behind, ampteach restores it: a non-bool cache_enabled raises
 torch's TypeError before anything is switched on, and a region used as a decorator restores its
-state per call, also in recursion and across threads. Not served: CUDA's _cudnn_rnn (CUDA builds
-only; torch's kernel re-flattens cuDNN weights with C++ helpers Python cannot reach).
+state per call, also in recursion and across threads; custom_fwd(cast_inputs=...) rebuilds a
+namedtuple argument field by field (torch's _cast raises TypeError). Not served: CUDA's _cudnn_rnn
+(CUDA builds only; torch's kernel re-flattens cuDNN weights with C++ helpers Python cannot reach).
 """
 
 from __future__ import annotations
