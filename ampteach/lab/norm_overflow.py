@@ -87,7 +87,7 @@ def plot_variance(sizes: Sequence[float], variances: dict[str, list[float]], err
             over = [s for s, v in zip(sizes, values) if v == float("inf")]
             if over:
                 left.plot(over, [1e6] * len(over), "x", color=color, label=f"{name}: var = inf")
-            errs = [(s, min(e, 10.0)) for s, e in zip(sizes, errors[name]) if name != "fp32"]
+            errs = [(s, min(e, 10.0)) for s, e in zip(sizes, errors[name]) if name != "fp32" and e > 0]   # 0: exact
             if errs:
                 right.plot(*zip(*errs), color=color, label=name, marker=".", ms=4)
         left.axhline(65504, color="tab:red", lw=0.8)
@@ -98,7 +98,7 @@ def plot_variance(sizes: Sequence[float], variances: dict[str, list[float]], err
                   title="LayerNorm written out in half: output error")
         right.axhline(1.0, color="0.5", lw=0.8, ls=":")
         right.text(sizes[0], 1.3, "1 = features gone", fontsize=8, color="0.4")
-        left.legend(loc="upper left")
+        left.legend(loc="lower right")
         right.legend(loc="center left")
         fig.tight_layout()
     return fig
