@@ -318,7 +318,8 @@ def test_lookup_order_env_then_cache_then_bundled(offline, monkeypatch, tmp_path
     assert D.find_data() == ("cache", offline) and D.load_fashion_mnist().source == "cache"
     monkeypatch.setenv("AMPTEACH_DATA", str(tmp_path / "elsewhere"))
     assert D.find_data() == ("AMPTEACH_DATA", tmp_path / "elsewhere")
-    with pytest.raises(D.DatasetNotFoundError, match="from \\$AMPTEACH_DATA"):   # set, but empty: an error, not a fallback
+    # set, but empty: an error, not a fallback
+    with pytest.raises(D.DatasetNotFoundError, match="from \\$AMPTEACH_DATA"):
         D.load_fashion_mnist()
 
 

@@ -163,7 +163,8 @@ def test_a_run_killed_and_resumed_ends_bit_identical(data, tmp_path, name, kill_
 
     path = tmp_path / "run.pt"
     with pytest.raises(Killed):
-        train(fresh_model(16), data, config, checkpoint_path=path, checkpoint_every=EVERY, after_backward=die_at(kill_at))
+        train(fresh_model(16), data, config, checkpoint_path=path, checkpoint_every=EVERY,
+              after_backward=die_at(kill_at))
     assert torch.load(path, weights_only=True)["step"] == kill_at // EVERY * EVERY
     model = resumed(data, config, path)
     assert_same_final_state(ref, tmp_path / "ref.pt", model, path)

@@ -103,9 +103,10 @@ def course_check(name: str) -> Callable:
     return fn
 
 
-__all__ = ["CheckFailed", "course_check", "check_round_to_bf16", "check_loss_scale_update", "check_loss_scale_update_hidden",
-           "check_master_step",
-           "CAST_LIST_OPS", "CHALLENGE_OPS", "check_cast_lists", "check_cast_lists_reasoned", "observe_autocast", "check_amp_step",
+__all__ = ["CheckFailed", "course_check", "check_round_to_bf16", "check_loss_scale_update",
+           "check_loss_scale_update_hidden", "check_master_step",
+           "CAST_LIST_OPS", "CHALLENGE_OPS", "check_cast_lists", "check_cast_lists_reasoned", "observe_autocast",
+           "check_amp_step",
            "check_e6_1_table", "check_e6_1_measure", "check_clipped_step", "check_clip_threshold", "check_tiny_loss",
            "check_grad_scaler", "check_grad_scaler_errors", "check_grad_scaler_hidden_plans",
            "check_autocast_mode", "check_autocast_mode_hidden", "CONFIGS", "POINTS", "check_transformer_dtypes",

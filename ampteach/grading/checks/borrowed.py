@@ -133,7 +133,8 @@ class Borrowed:
                 op = frame.f_locals.get("self")
                 if getattr(op, "__name__", "").split(".")[0] in self.aten_ops:
                     self.refuse(f"torch.ops.aten.{op.__name__}")
-            elif code.co_name != "<module>" and self._refused_file(code.co_filename) and not self._let_through(frame):
+            elif (code.co_name != "<module>" and self._refused_file(code.co_filename)
+                  and not _serves_torch(frame.f_back) and not self._let_through(frame)):
                 self.refuse(qualified(code, frame.f_globals.get("__name__")))
         elif event == "c_call":
             if arg in self.aten_callables:
@@ -158,6 +159,20 @@ class Borrowed:
         if kind is None and not still_watching and self.refused is None:
             raise CheckFailed(f"your {self.who} switched off the check's watch on its calls (sys.setprofile): "
                               f"leave it on; the check only looks at which functions your code calls")
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _serves_torch(caller) -> bool:
+    """Whether a library function was called on torch's behalf: by an autocast kernel the dispatcher ran for a
+    torch op (ampteach's kernels also serve torch.autocast regions once registered), or by torch's own code
+    (torch.autocast.__exit__ calling the hooked torch.clear_autocast_cache). What such a call makes is still
+    seen by the half-result watch, so torch's casts stay refused where the check refuses them."""
+    if caller is None:
+        return False
+    filename = caller.f_code.co_filename
+    return filename.startswith("<ampteach autocast kernel") or filename.startswith(_TORCH_DIR)
 
 
 def dispatcher_introspection(fn: Any) -> bool:

@@ -137,7 +137,8 @@ def _compare_tensors(plan, step, what, mine: list, ref: list, hint: Callable[[in
             raise _fail(plan, step, f"{what} {i}: expected {'None' if b is None else 'a tensor'}, got "
                                     f"{'None' if a is None else 'a tensor'}")
         if a is not None and not same_bits(a.detach(), b.detach()):
-            raise _fail(plan, step, f"{what} {i} differs from torch's: expected {b.detach().flatten()[:4].tolist()}..., "
+            expected = b.detach().flatten()[:4].tolist()
+            raise _fail(plan, step, f"{what} {i} differs from torch's: expected {expected}..., "
                                     f"got {a.detach().flatten()[:4].tolist()}...{hint(i)}")
 
 
@@ -152,7 +153,8 @@ def run_plan(cls: type, plan: Plan) -> int:
         mine = _Rig(cls("cpu", **plan.settings), plan.two_optimizers)
         got = mine.scaler.get_scale()
     if float(got) != ref.scaler.get_scale():
-        raise _fail(plan, 0, f"get_scale() before the first scale() should be init_scale {ref.scaler.get_scale()}, got {got!r}")
+        raise _fail(plan, 0, f"get_scale() before the first scale() should be init_scale "
+                             f"{ref.scaler.get_scale()}, got {got!r}")
     for step, s in enumerate(plan.steps):
         for rig in (ref, mine):
             for opt in rig.opts:
@@ -178,7 +180,7 @@ def run_plan(cls: type, plan: Plan) -> int:
                     mine.scaler.unscale_(opt)
             scale = ref.scaler.get_scale()
 
-            def divided(i: int) -> str:
+            def divided(i: int, scale: float = scale) -> str:
                 p = ref.params[i]
                 if p.grad is not None and mine.params[i].grad is not None and scale != 1.0:
                     return ("\n  hint: torch multiplies by the float32 reciprocal of S, computed in float64 "
@@ -192,9 +194,8 @@ def run_plan(cls: type, plan: Plan) -> int:
             for opt in mine.opts:
                 mine.scaler.step(opt)
         skipped = [p.grad is not None and not torch.isfinite(p.grad).all() for p in ref.params]
-        _compare_tensors(plan, step, "after step, parameter", mine.params, ref.params,
-                         lambda i: ("\n  torch skipped this optimizer's step: one of its gradients was inf or NaN"
-                                    if any(skipped) else ""))
+        note = "\n  torch skipped this optimizer's step: one of its gradients was inf or NaN" if any(skipped) else ""
+        _compare_tensors(plan, step, "after step, parameter", mine.params, ref.params, lambda i, note=note: note)
         ref.scaler.update(s.new_scale)
         with _own_work():
             mine.scaler.update(s.new_scale)
@@ -333,7 +334,8 @@ def check_grad_scaler_errors(cls: type) -> None:
         except want:
             continue
         except Exception as exc:
-            raise CheckFailed(f"{name}: torch raises {want.__name__}, yours raised {type(exc).__name__}: {exc}") from None
+            raise CheckFailed(f"{name}: torch raises {want.__name__}, "
+                              f"yours raised {type(exc).__name__}: {exc}") from None
         raise CheckFailed(f"{name}: torch raises {want.__name__}, yours raised nothing (track each optimizer's stage: "
                           f"ready, unscaled, stepped)")
     _passed("check_grad_scaler_errors", f"{len(_misuse_cases())} misuses raise torch's exception types")
