@@ -1,6 +1,7 @@
 """The time column of the course map, computed from the notebooks themselves.
 
     $ python course/times.py              # one row per lesson and exercise
+    $ python course/times.py --write      # and put each total in the course map's time column
 
     minutes = words / 200  +  2 per Predict prompt  +  run time  (+ 1 per line of code to write)
 
@@ -54,12 +55,31 @@ def estimate(path: Path) -> dict:
     return {**parts, "total": max(5, 5 * round(sum(parts.values()) / 5)), "run_s": run_s}
 
 
+_ROW = re.compile(r"^(\|[^|]*\| \[((?:notebooks|exercises)/[\w.-]+\.ipynb)\].*\| )(\d+)( min \|)$", flags=re.M)
+
+
+def write_map(course_map: Path = ROOT / "course" / "README.md") -> list[str]:
+    """Put each notebook's total in its course-map row (an exercise's from its worked solution); the changed rows."""
+    changed = []
+
+    def fill(row: re.Match) -> str:
+        total = estimate(ROOT / row[2].replace("exercises/", "solutions/"))["total"]
+        if total != int(row[3]):
+            changed.append(f"{row[2]}: {row[3]} -> {total} min")
+        return f"{row[1]}{total}{row[4]}"
+
+    course_map.write_text(_ROW.sub(fill, course_map.read_text()))
+    return changed
+
+
 def main() -> None:
     for folder in ("notebooks", "solutions"):
         for path in sorted((ROOT / folder).glob("*.ipynb")):
             e = estimate(path)
             print(f"{folder}/{path.name:42s} {e['total']:4d} min  (read {e['read']:.0f}, predict {e['predict']:.0f}, "
                   f"run {e['run']:.1f}, write {e['write']:.0f})")
+    if "--write" in sys.argv[1:]:
+        print("\n".join(write_map()) or "the course map's times already agree")
 
 
 if __name__ == "__main__":
