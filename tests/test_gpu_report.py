@@ -38,3 +38,23 @@ def test_the_lessons_sections_run_on_the_cpu(tmp_path, monkeypatch):
         text = section("cpu", tmp_path / "roofline.json")
         assert text.startswith("## ") and "|" in text, section.__name__
     assert (tmp_path / "roofline.json").is_file()
+
+
+def _table(text: str) -> dict[str, list[str]]:
+    """A markdown table's rows as label -> cells."""
+    rows = [line.strip("|").split(" | ") for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    return {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows[1:]}
+
+
+def test_lesson_9_and_10_sections_measure_what_the_lessons_claim_on_the_cpu():
+    spec = importlib.util.spec_from_file_location("gpu_lessons", ROOT / "benchmarks" / "gpu_lessons.py")
+    gpu_lessons = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_lessons)
+    attention = _table(gpu_lessons.attention_overflow_section("cpu", None))
+    after, before = (float(attention[f"fp16, scale {w}"][0].replace(",", "")) for w in ("after", "before"))
+    assert after < gpu_lessons.overflow_size(2, 64, "after") < before < gpu_lessons.overflow_size(2, 64, "before")
+    assert attention["bf16, scale after"][0] == "10,000"
+    accumulators = _table(gpu_lessons.accumulator_section("cpu", None))
+    for dtype in ("bfloat16", "float16"):   # the CPU sums in fp32 (lesson 10); a bf16 accumulator reproduces little
+        shares = dict(zip(("bf16", "fp16", "14", "16", "20", "fp32", "float64"), accumulators[dtype]))
+        assert float(shares["fp32"].rstrip("%")) >= 95 and float(shares["bf16"].rstrip("%")) <= 5, shares
