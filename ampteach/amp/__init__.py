@@ -2,9 +2,11 @@
 
     from ampteach.amp import GradScaler, autocast       # drop-ins for torch.amp.GradScaler, torch.autocast
 
-formats (float formats and rounding), scaler (GradScaler), master (fp32 master weights), half_weights,
-kahan and stochastic_rounding (pure half-precision weights), cast_lists and autocast (the cast policy,
-registered in the dispatcher), fp8 and mx (scaled 8-bit and microscaling formats).
+formats (float formats and rounding), scaler with unscale_kernels and scaler_checks (GradScaler),
+master (fp32 master weights), half_weights, kahan and stochastic_rounding (pure half-precision
+weights), cast_lists and autocast with autocast_kernels, autocast_cache and containers (the cast
+policy, registered in the dispatcher), accumulator (a matmul's accumulator of n bits, emulated),
+fp8 and mx (scaled 8-bit and microscaling formats).
 """
 
 from ampteach.amp.autocast import autocast, custom_bwd, custom_fwd
