@@ -38,22 +38,24 @@ A100_QUOTED = {
 }
 
 
-def matmul_seconds(n: int, dtype: torch.dtype, device: str = "cpu", min_seconds: float = 0.2,
-                   clock: str = "auto") -> float:
-    """Best time of one (n x n) @ (n x n) matmul in dtype on device."""
+def _op_seconds(op, n: int, dtype: torch.dtype, device: str, min_seconds: float, clock: str) -> float:
+    """Best time of op(a, b, out=out) on two n x n tensors in dtype on device."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     out = torch.zeros(n, n, device=device, dtype=dtype)  # touched: no page faults in the timing
-    return best_seconds(lambda: torch.mm(a, b, out=out), device, min_seconds, clock)
+    return best_seconds(lambda: op(a, b, out=out), device, min_seconds, clock)
+
+
+def matmul_seconds(n: int, dtype: torch.dtype, device: str = "cpu", min_seconds: float = 0.2,
+                   clock: str = "auto") -> float:
+    """Best time of one (n x n) @ (n x n) matmul in dtype on device."""
+    return _op_seconds(torch.mm, n, dtype, device, min_seconds, clock)
 
 
 def add_seconds(n: int, dtype: torch.dtype, device: str = "cpu", min_seconds: float = 0.2,
                 clock: str = "auto") -> float:
     """Best time of one elementwise add of two n x n tensors in dtype on device."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    out = torch.zeros(n, n, device=device, dtype=dtype)  # touched: no page faults in the timing
-    return best_seconds(lambda: torch.add(a, b, out=out), device, min_seconds, clock)
+    return _op_seconds(torch.add, n, dtype, device, min_seconds, clock)
 
 
 def intensity(op: str, n: int, dtype: torch.dtype) -> float:
