@@ -9,8 +9,8 @@
     print(samples(models, histories, text, "ROMEO:"))                  # each model's text, side by side
 
 Every run starts from the same weights (seed 0) and reads the same batches in the same order, so the
-curves differ only by precision. A CPU without native half-precision arithmetic runs a bf16 or fp16
-step 10-20x slower than an fp32 one, so each run gets as many steps as fit in its time budget, at most
+curves differ only by precision. A CPU without native half-precision kernels can run a bf16 or fp16
+step many times slower than an fp32 one, so each run gets as many steps as fit in its time budget, at most
 max_steps, in whole epochs of `every` steps (at least one): on such a machine the half-precision runs
 are shorter, and a lesson compares them with fp32 at the same step.
 """

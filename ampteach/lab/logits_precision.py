@@ -84,6 +84,6 @@ def plot_loss_errors(vocabs: Sequence[int], errors: dict[int, dict[str, tuple[fl
             ax.plot(vocabs, [errors[v][way][0] for v in vocabs], marker=".", label=way, **styles[way])
         ax.set(xscale="log", yscale="log", xlabel="vocabulary size V", ylabel="largest per-token loss error (nats)",
                title="-log p(target) with one rounding to half precision")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, handlelength=3.5)
         fig.tight_layout()
     return fig
