@@ -144,6 +144,13 @@ def test_plan_steps_fits_whole_epochs_in_each_budget():
     assert plan == {"fast": 300, "slow": 30, "slower": 10}
 
 
+def test_plan_steps_keeps_the_reference_run_long_on_a_busy_machine():
+    busy = {"fp32": 5.0, "bf16": 3.0}               # fp32's step timed under load: its budget fits one epoch
+    assert plan_steps(busy, budget_s={"fp32": 75}, default_budget_s=30, min_steps={"fp32": 95}) == \
+        {"fp32": 100, "bf16": 10}                   # rounded up to whole epochs; others keep their budget
+    assert plan_steps({"fp32": 0.1}, budget_s={"fp32": 75}, min_steps={"fp32": 100}) == {"fp32": 300}
+
+
 def test_train_runs_and_samples_on_a_tiny_text():
     text = CharText("to be or not to be, that is the question. " * 40)
     data = preload_text(text, block_size=8, steps_per_epoch=2, eval_windows=4)

@@ -56,8 +56,8 @@ def config_for(name: str, epochs: int = 1, batch_size: int = 32, lr: float = 1e-
 
 def step_seconds(name: str, data: PreloadedText, make_model: Callable[[], nn.Module] | None = None,
                  batch_size: int = 32, min_seconds: float = 0.5) -> float:
-    """The fastest training step of run `name` on data (machine.best_seconds; a step slower than min_seconds is
-    timed once). make_model defaults to gpt(65) with the course's shape."""
+    """The fastest training step of run `name` on data, after one warm-up step (machine.best_seconds; a step
+    slower than min_seconds is timed once more). make_model defaults to gpt(65) with the course's shape."""
     seed_everything(0)
     model = (make_model or (lambda: gpt(65)))().to(data.device)
     config = config_for(name, batch_size=batch_size)
@@ -70,18 +70,26 @@ def step_seconds(name: str, data: PreloadedText, make_model: Callable[[], nn.Mod
         state["i"] += 1
         train_step(model, x, y, opt, scaler, config, master=master)
 
+    step()   # a warm-up step of its own: the first step's one-time costs are not the step's time
     return best_seconds(step, data.device.type, min_seconds=min_seconds, clock="wall")
 
 
 def plan_steps(step_times: dict[str, float], budget_s: dict[str, float] | None = None, default_budget_s: float = 35.0,
-               max_steps: int = 300, every: int = 10) -> dict[str, int]:
+               max_steps: int = 300, every: int = 10, min_steps: dict[str, int] | None = None) -> dict[str, int]:
     """name -> training steps: as many whole epochs of `every` steps as fit in the run's budget (budget_s[name],
-    else default_budget_s) at its measured step time, at most max_steps, at least one epoch."""
-    budget_s = budget_s or {}
+    else default_budget_s) at its measured step time, at most max_steps, at least one epoch, and at least
+    min_steps[name] (rounded up to whole epochs) however slow the step: the reference run others are compared
+    with must stay long enough on a busy machine.
+
+        plan_steps({"fp32": 0.4, "pure bf16": 3.0}, {"fp32": 75}, 30, min_steps={"fp32": 100})
+        # {'fp32': 180, 'pure bf16': 10}
+    """
+    budget_s, min_steps = budget_s or {}, min_steps or {}
     plan = {}
     for name, seconds in step_times.items():
         fit = math.floor(budget_s.get(name, default_budget_s) / seconds / every) * every
-        plan[name] = max(every, min(max_steps, fit))
+        least = max(every, math.ceil(min_steps.get(name, 0) / every) * every)
+        plan[name] = max(least, min(max_steps, fit))
     return plan
 
 
