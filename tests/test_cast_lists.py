@@ -405,3 +405,17 @@ def test_every_binding_of_an_op_dispatches_to_it(op):
     sample = BINDING_SAMPLES.get(op, SAMPLES[op])
     for where, binding in cl.bindings_of(op):
         assert top_level_aten_ops(binding, sample()) == [op], where
+
+
+def test_the_bug_hunts_penalty_overflows_in_fp16_under_cpu_autocast_only():
+    """debug_amp_bug_hunt says: hidden.pow(2).sum() stays fp16 (and overflows) under CPU autocast, while
+    CUDA autocast runs pow and sum in float32."""
+    hidden = torch.full((64, 256), 20.0)                  # 64 * 256 * 400 = 6.6e6 > fp16's 65504
+    with torch_autocast("cpu", torch.float16):
+        cpu = F.linear(hidden, torch.eye(256)).pow(2).sum()
+    assert cpu.dtype == torch.float16 and torch.isinf(cpu)
+    with fake_cuda() if not has_cuda() else contextlib.nullcontext():
+        h = torch.full((64, 256), 20.0, device="cuda")
+        with torch_autocast("cuda", torch.float16):
+            cuda = F.linear(h, torch.eye(256, device="cuda")).pow(2).sum()
+        assert cuda.dtype == torch.float32
