@@ -5,6 +5,7 @@ between the two every step within 1.10x (CPU; course MLP 784-256-10, batch 64, b
     python benchmarks/bench_autocast.py --alternate     # only the switching target
     python benchmarks/bench_autocast.py --cpu-time      # one thread, thread CPU time (a shared machine)
     python benchmarks/bench_autocast.py --more          # also the CNN, fp16 and a narrow 8-layer MLP (information)
+    python benchmarks/bench_autocast.py --floor         # also blocks with minimal Python kernels (information)
 
 A step is forward + cross-entropy inside the region, then backward outside it. Both autocasts work at
 the dispatcher's AutocastCPU key; ampteach's kernels are Python, so a step pays per call of a listed
@@ -17,6 +18,10 @@ removed first, as ampteach.lab.compare_torch.use_torch_kernels does) and a block
 to go first. The ratio is the median over rounds of ampteach's block median over torch's block median: each
 round's two blocks run milliseconds apart, so a load that drifts more slowly cancels out.
 
+Floor: the blocks again, with ampteach's kernels for linear and cross_entropy_loss replaced by the
+least a Python kernel can do (cast every input, call the op below the key: no eligibility checks, no
+weight cache, so not torch's rule). What it costs over torch is what any Python kernel pays here.
+
 Alternate: each round runs a block on torch's own kernels, then a block that alternates every step
 between torch.autocast and ampteach.autocast, as a user who evaluates under one and trains under the
 other would. The kernels stay registered and serve the torch.autocast steps too. The ratio is the
@@ -26,6 +31,7 @@ median over rounds of the alternating block's median step over the torch block's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
 import statistics
 import time
@@ -33,6 +39,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ampteach.amp import autocast_kernels
 from ampteach.amp.autocast import autocast
 from ampteach.lab.compare_torch import use_torch_kernels
 from ampteach.training.models import cnn, mlp
@@ -84,6 +91,41 @@ def blocks(step, rounds: int, block: int, clock) -> dict[str, float]:
     return {"ratio": statistics.median(ratios), "torch": fastest["torch"], "ampteach": fastest["ampteach"]}
 
 
+@contextlib.contextmanager
+def minimal_kernels():
+    """ampteach's CPU kernels, with linear and cross_entropy_loss replaced by casts and a call (the floor)."""
+    key, exclude = torch._C.DispatchKey.AutocastCPU, torch._C._dispatch_tls_set_dispatch_key_excluded
+    linear, cross_entropy = torch._C._nn.linear, torch._C._nn.cross_entropy_loss
+    low = torch.Tensor.bfloat16
+
+    def minimal_linear(x, weight, bias=None):
+        exclude(key, True)
+        try:
+            return linear(x if x.dtype is torch.bfloat16 else low(x), low(weight), None if bias is None else low(bias))
+        finally:
+            exclude(key, False)
+
+    def minimal_cross_entropy(x, target, weight=None, reduction=1, ignore_index=-100, smoothing=0.0):
+        exclude(key, True)
+        try:
+            return cross_entropy(x.float(), target, weight, reduction, ignore_index, smoothing)
+        finally:
+            exclude(key, False)
+
+    minimal = {"linear": minimal_linear, "cross_entropy_loss": minimal_cross_entropy}
+    real = autocast_kernels._kernel
+    autocast_kernels.uninstall()
+    autocast_kernels._kernels.cache_clear()
+    autocast_kernels._kernel = lambda device, name, policy: (minimal[name] if device == "cpu" and name in minimal
+                                                             else real(device, name, policy))
+    try:
+        yield
+    finally:
+        autocast_kernels.uninstall()
+        autocast_kernels._kernel = real
+        autocast_kernels._kernels.cache_clear()
+
+
 def alternate(step, rounds: int, block: int, clock) -> dict[str, float]:
     """Per round: a torch block on torch's kernels, then a block alternating torch/ampteach every step."""
     ratios, within = [], []
@@ -107,6 +149,8 @@ def main() -> None:
                         help="one intra-op thread, timed by this thread's CPU time (time.thread_time): steadier "
                              "than wall time on a machine shared with other work")
     parser.add_argument("--more", action="store_true", help="also the CNN, the MLP in fp16 and an 8-layer MLP")
+    parser.add_argument("--floor", action="store_true",
+                        help="also the blocks with minimal Python kernels for linear and the loss (bf16 MLP only)")
     args = parser.parse_args()
     clock = time.perf_counter
     if args.cpu_time:
@@ -130,6 +174,11 @@ def main() -> None:
                   f"{b['ampteach'] / b['torch']:.3f}x)", flush=True)
             if label == rows[0][0]:
                 verdicts.append(("blocks", b["ratio"], TARGET_BLOCKS))
+            if args.floor and label == rows[0][0]:
+                with minimal_kernels():
+                    f = blocks(step, args.rounds, args.block, clock)
+                print(f"{label:<30} floor:     minimal Python kernels / torch {f['ratio']:.3f}x   (what any Python "
+                      f"kernel pays here; not torch's rule)", flush=True)
         a = alternate(step, args.rounds, args.block, clock)
         print(f"{label:<30} alternate: mixed / torch alone {a['ratio']:.3f}x   (in the mix, an ampteach step / "
               f"a torch step: {a['ampteach_over_torch_step']:.3f}x)", flush=True)

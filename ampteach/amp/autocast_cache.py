@@ -22,14 +22,15 @@ from typing import Callable
 
 import torch
 
-__all__ = ["cache_usable", "cached_cast", "cached_casts", "caster", "clear_autocast_cache", "converter", "hook_clear",
-           "hooked", "lookup", "on_device", "unhook_clear"]
+__all__ = ["CACHE", "cache_usable", "cached_cast", "cached_casts", "caster", "clear_autocast_cache", "converter",
+           "hook_clear", "hooked", "lookup", "on_device", "unhook_clear"]
 
 _F32, _F64 = torch.float32, torch.float64
 _cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(fp32 leaf) -> (leaf, cast): process-wide, as torch's
 _torch_clear_autocast_cache = torch._C.clear_autocast_cache
 _is_cached = torch._C._is_cached_tensor
-lookup = _cache.get      # id(t) -> (t, cast) or None: how the kernels look a weight up (_cache is never rebound)
+CACHE = _cache           # the generated kernels' handle on it (ampteach.amp.autocast_fast): _cache is never rebound
+lookup = _cache.get      # id(t) -> (t, cast) or None: how the kernels look a weight up
 _CONVERT = {torch.bfloat16: torch.Tensor.bfloat16, torch.float16: torch.Tensor.half, torch.float32: torch.Tensor.float}
 
 

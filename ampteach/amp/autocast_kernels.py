@@ -8,7 +8,9 @@
 One kernel per (device, op.overload) that torch registers at AutocastCPU or AutocastCUDA, built from
 the op's schema and its policy in cast_lists. A kernel casts the op's tensor arguments as torch's
 C++ wrapper does (aten/src/ATen/autocast_mode.h: cached_cast, prioritize, set_opt_dtype), then
-calls the op again with its own Autocast key switched off.
+calls the op again with its own Autocast key switched off. The op's arguments are read from its
+schema (ampteach.amp.autocast_schema); the ops that only cast get a kernel written out per op
+(ampteach.amp.autocast_fast), the others one built per policy here.
 
 The kernels stay installed once registered, and they read only the autocast state torch keeps
 (enabled, dtype, cache_enabled, inference mode): so they serve a torch.autocast region exactly as
@@ -26,23 +28,22 @@ import functools
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import torch
 
+from ampteach.amp import autocast_schema as schema
 from ampteach.amp import cast_lists
 from ampteach.amp.autocast_cache import (
     cache_usable,
-    cached_cast,
     cached_casts,
     caster,
-    converter,
     hook_clear,
     hooked,
-    lookup,
     unhook_clear,
 )
 from ampteach.amp.autocast_cache import on_device as device_test
+from ampteach.amp.autocast_fast import fast_cast_kernel
 
 __all__ = ["BANNED_MESSAGE", "DEVICE_KEYS", "NOT_SERVED", "CastRecord", "cached_casts", "ensure_installed",
            "install", "installed", "start_recording", "stop_recording", "uninstall"]
@@ -144,77 +145,13 @@ def _casts_last_argument_first() -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------
-# An op's arguments, read from its schema
-
-def _overload(name: str) -> torch._ops.OpOverload:
-    base, _, overload = name.partition(".")
-    return getattr(getattr(torch.ops.aten, base), overload or "default")
-
-
-class _Slot(NamedTuple):
-    """An argument torch's wrapper casts: a Tensor, a Tensor? or a Tensor[] (not a Tensor?[])."""
-
-    index: int              # in the schema
-    name: str
-    keyword: bool           # keyword-only: the kernel receives it in kwargs
-    is_list: bool
-    optional: bool          # Tensor?: cast, but left out of promote's choice of dtype (as in torch)
-
-
-def _slots(op: torch._ops.OpOverload) -> list[_Slot]:
-    slots = []
-    for i, arg in enumerate(op._schema.arguments):
-        kind = inner = arg.type
-        optional = isinstance(kind, torch._C.OptionalType)
-        if optional:
-            inner = kind.getElementType()
-        is_list = isinstance(inner, torch._C.ListType) and not optional
-        if is_list:
-            inner = inner.getElementType()
-        if isinstance(inner, torch._C.TensorType):
-            slots.append(_Slot(i, arg.name, arg.kwarg_only, is_list, optional))
-    return slots
-
-
-# The course's hot ops, called through their Python bindings, which parse arguments faster than the
-# generic torch.ops call. A binding may have other defaults than the schema (torch._C._nn.
-# cross_entropy_loss defaults to no reduction), and a Python kernel receives its arguments with the
-# trailing defaults left out, so every argument is passed explicitly. With all arguments given, each
-# binding resolves to the overload registered (tests compare dispatch traces and bits with torch's).
-_VF, _NN = torch._C._VariableFunctions, torch._C._nn
-_BINDINGS: dict[str, Callable] = {
-    "linear": _NN.linear, "mm": _VF.mm, "addmm": _VF.addmm, "bmm": _VF.bmm, "baddbmm": _VF.baddbmm,
-    "matmul": _VF.matmul, "conv1d": _VF.conv1d, "conv2d": _VF.conv2d, "conv3d": _VF.conv3d,
-    "cross_entropy_loss": _NN.cross_entropy_loss, "nll_loss": _NN.nll_loss, "softmax.int": _VF.softmax,
-    "log_softmax.int": _VF.log_softmax, "layer_norm": _VF.layer_norm,
-}
-
-
-class _Call(NamedTuple):
-    """How a kernel calls its op again: fn(*args, *pad[len(args):], **(keywords | kwargs))."""
-
-    fn: Callable
-    pad: tuple              # positional defaults (all of them for a binding, none for op._op)
-    keywords: dict          # keyword-only defaults (a binding's), else empty
-
-
-def _call_of(name: str, op: torch._ops.OpOverload) -> _Call:
-    binding = _BINDINGS.get(name)
-    if binding is None:      # op._op: what OpOverload.__call__ calls; it fills in omitted defaults itself
-        return _Call(op._op, (), {})
-    arguments = op._schema.arguments
-    return _Call(binding, tuple(a.default_value for a in arguments if not a.kwarg_only),
-                 {a.name: a.default_value for a in arguments if a.kwarg_only})
-
-
-# ---------------------------------------------------------------------------------------------------
 # Kernel bodies, one builder per policy: body(args, kwargs) -> the op's result, cast as torch casts
 
 def _cast_body(device: str, name: str, policy: str) -> Callable:
     """lower_precision_fp: eligible inputs -> the region's dtype (cached); fp32: -> float32."""
-    op = _overload(name)
-    cast, (call, pad, keywords) = caster(device), _call_of(name, op)
-    slots = _slots(op)
+    op = schema.overload(name)
+    cast, (call, pad, keywords) = caster(device), schema.call_of(name, op)
+    slots = schema.slots(op)
     order = slots[::-1] if _casts_last_argument_first() else slots
     fp32 = policy == "fp32"
     get_dtype, cache_enabled, inference = torch.get_autocast_dtype, torch.is_autocast_cache_enabled, \
@@ -230,69 +167,7 @@ def _cast_body(device: str, name: str, policy: str) -> Callable:
     return body
 
 
-# The kernel of a lower_precision_fp or fp32 op whose tensors are all positional (linear, mm, conv2d,
-# cross_entropy_loss: nearly every op a model calls) is _cast_body's work written out, one tensor argument at
-# a time, in a function generated per op: named parameters instead of a list, no loop. In a training step
-# this is what the kernels spend their time on; the generic body costs about 0.8 us more per call.
-_FAST_KERNEL = """
-def kernel({params}, *rest, **kwargs):
-    if thread.recorders or modes_on():       # recording, or a torch function mode to switch off: the generic way
-        return special(({names},) + rest, kwargs)
-    {choose_dtype}
-    convert = converter(to)
-    exclude(key, True)    # below this kernel's Autocast key, as torch's wrapper (which excludes them all)
-    try:
-{casts}
-        return call({names}, *rest, *pad[{count} + len(rest):], **(keywords | kwargs if keywords else kwargs))
-    finally:
-        exclude(key, False)
-"""
-_CAST_ONE = """        if {a} is not None:                   # autocast_cache.caster's cast({a}, to, cache), written out
-            dtype = {a}.dtype
-            if dtype is not to and (dtype is F32 or dtype.is_floating_point and dtype is not F64) and on_dev({a}):
-                if cache and dtype is F32 and {a}.requires_grad and {a}.is_leaf:
-                    hit = cache_get(id({a}))          # a cached weight: served here, else by cached_cast
-                    {a} = hit[1] if hit is not None and hit[0] is {a} and not is_cached({a}) \\
-                        else cached_cast({a}, convert)
-                else:
-                    {a} = convert({a})
-"""
-_CHOOSE = {"fp32": "to, cache = F32, False",
-           "lower_precision_fp": "to, cache = get_dtype(device), cache_enabled() and not inference()"}
-
-
-def _fast_cast_kernel(device: str, name: str, policy: str, special: Callable) -> Callable | None:
-    """_FAST_KERNEL for `name`, or None where it does not apply (then the generic kernel serves).
-
-    It hands a call to special(args, kwargs) when the thread records or a torch function mode is on.
-    """
-    op = _overload(name)
-    slots, arguments = _slots(op), op._schema.arguments
-    if policy not in _CHOOSE or any(slot.keyword or slot.is_list for slot in slots):
-        return None
-    count = max(slot.index for slot in slots) + 1          # parameters up to the last tensor argument
-    if any(arguments[i].kwarg_only or (arguments[i - 1].has_default_value() and not arguments[i].has_default_value())
-           for i in range(1, count)):
-        return None
-    names = [f"a{i}" for i in range(count)]
-    defaults = {f"d{i}": arguments[i].default_value for i in range(count) if arguments[i].has_default_value()}
-    params = ", ".join(f"a{i}=d{i}" if f"d{i}" in defaults else f"a{i}" for i in range(count))
-    order = slots[::-1] if _casts_last_argument_first() else slots
-    source = _FAST_KERNEL.format(params=params, names=", ".join(names), count=count, choose_dtype=_CHOOSE[policy],
-                                 casts="".join(_CAST_ONE.format(a=f"a{slot.index}") for slot in order))
-    call, pad, keywords = _call_of(name, op)
-    namespace = dict(defaults, thread=_thread, modes_on=torch._C._is_torch_function_mode_enabled, special=special,
-                     F32=_F32, F64=_F64, device=device, get_dtype=torch.get_autocast_dtype,
-                     cache_enabled=torch.is_autocast_cache_enabled, inference=torch.is_inference_mode_enabled,
-                     converter=converter, cached_cast=cached_cast, on_dev=device_test(device), cache_get=lookup,
-                     is_cached=torch._C._is_cached_tensor,
-                     key=getattr(torch._C.DispatchKey, DEVICE_KEYS[device]),
-                     exclude=torch._C._dispatch_tls_set_dispatch_key_excluded, call=call, pad=pad, keywords=keywords)
-    exec(compile(source, f"<ampteach autocast kernel {device} {name}>", "exec"), namespace)
-    return namespace["kernel"]
-
-
-def _cast_slots(order: list[_Slot], cast: Callable, args: tuple, kwargs: dict, to: torch.dtype, cache: bool):
+def _cast_slots(order: list[schema.Slot], cast: Callable, args: tuple, kwargs: dict, to: torch.dtype, cache: bool):
     """(args, kwargs) with every tensor slot cast, keyword-only and Tensor[] arguments included."""
     args, kwargs, n = list(args), dict(kwargs), len(args)
     for slot in order:
@@ -308,8 +183,9 @@ def _cast_slots(order: list[_Slot], cast: Callable, args: tuple, kwargs: dict, t
 
 def _set_opt_dtype_body(device: str, name: str, policy: str) -> Callable:
     """fp32_set_opt_dtype: op(x) -> op(x, dtype=float32) for an eligible x and no dtype given."""
-    op = _overload(name)
-    on_device, (call, pad, keywords), no_autocast = device_test(device), _call_of(name, op), torch._C._DisableAutocast
+    op = schema.overload(name)
+    on_device, (call, pad, keywords) = device_test(device), schema.call_of(name, op)
+    no_autocast = torch._C._DisableAutocast
     index = next((i for i, a in enumerate(op._schema.arguments) if a.name == "dtype" and not a.kwarg_only), None)
     defaults = [a.default_value for a in op._schema.arguments]
 
@@ -330,8 +206,8 @@ def _set_opt_dtype_body(device: str, name: str, policy: str) -> Callable:
 
 def _append_dtype_body(device: str, name: str, policy: str) -> Callable:
     """fp32_append_dtype: norm(x) -> the overload with a dtype argument, norm(x, ..., dtype=float32)."""
-    op = _overload(name)
-    target, on_device = _overload(cast_lists.APPEND_DTYPE_TARGETS[name]), device_test(device)
+    op = schema.overload(name)
+    target, on_device = schema.overload(cast_lists.APPEND_DTYPE_TARGETS[name]), device_test(device)
     defaults, no_autocast = [a.default_value for a in op._schema.arguments], torch._C._DisableAutocast
 
     def body(args, kwargs):
@@ -345,9 +221,9 @@ def _append_dtype_body(device: str, name: str, policy: str) -> Callable:
 
 def _promote_body(device: str, name: str, policy: str) -> Callable:
     """promote: every input -> the widest floating type among them (float64 and Tensor? ignored)."""
-    op = _overload(name)
-    cast, on_device, (call, pad, keywords) = caster(device), device_test(device), _call_of(name, op)
-    slots = _slots(op)
+    op = schema.overload(name)
+    cast, on_device, (call, pad, keywords) = caster(device), device_test(device), schema.call_of(name, op)
+    slots = schema.slots(op)
     order = slots[::-1] if _casts_last_argument_first() else slots
     chosen_by = [slot for slot in slots if not slot.optional]   # left to right, as torch's promote_type
     get_dtype, no_autocast = torch.get_autocast_dtype, torch._C._DisableAutocast
@@ -395,7 +271,10 @@ def _kernel(device: str, name: str, policy: str) -> Callable:
                 return run(args, kwargs)
         return run(args, kwargs)
 
-    kernel = _fast_cast_kernel(device, name, policy, special)
+    order = schema.slots(schema.overload(name))
+    if _casts_last_argument_first():
+        order = order[::-1]
+    kernel = fast_cast_kernel(device, name, policy, order, special, thread)
     if kernel is None:
         def kernel(*args, **kwargs):
             return special(args, kwargs)
