@@ -22,8 +22,8 @@ from typing import Callable
 
 import torch
 
-__all__ = ["CACHE", "cache_usable", "cached_cast", "cached_casts", "caster", "clear_autocast_cache", "converter",
-           "hook_clear", "hooked", "lookup", "on_device", "unhook_clear"]
+__all__ = ["CACHE", "CONVERTERS", "cache_usable", "cached_cast", "cached_casts", "caster", "clear_autocast_cache",
+           "converter", "hook_clear", "hooked", "lookup", "on_device", "unhook_clear"]
 
 _F32, _F64 = torch.float32, torch.float64
 _cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(fp32 leaf) -> (leaf, cast): process-wide, as torch's
@@ -31,7 +31,8 @@ _torch_clear_autocast_cache = torch._C.clear_autocast_cache
 _is_cached = torch._C._is_cached_tensor
 CACHE = _cache           # the generated kernels' handle on it (ampteach.amp.autocast_fast): _cache is never rebound
 lookup = _cache.get      # id(t) -> (t, cast) or None: how the kernels look a weight up
-_CONVERT = {torch.bfloat16: torch.Tensor.bfloat16, torch.float16: torch.Tensor.half, torch.float32: torch.Tensor.float}
+CONVERTERS = {torch.bfloat16: torch.Tensor.bfloat16, torch.float16: torch.Tensor.half,   # t.to(dtype), fastest
+              torch.float32: torch.Tensor.float}
 
 
 def cached_casts() -> int:
@@ -99,7 +100,7 @@ def cached_cast(t: torch.Tensor, convert: Callable[[torch.Tensor], torch.Tensor]
 
 def converter(to: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
     """t -> t.to(to) by the fastest binding (t.bfloat16() parses no arguments: the same op, faster)."""
-    return _CONVERT.get(to) or (lambda t: t.to(to))
+    return CONVERTERS.get(to) or (lambda t: t.to(to))
 
 
 def caster(device: str) -> Callable[[torch.Tensor, torch.dtype, bool], torch.Tensor]:

@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from ampteach.amp import autocast_schema as schema
-from ampteach.amp.autocast_cache import CACHE, cached_cast, converter, lookup
+from ampteach.amp.autocast_cache import CACHE, CONVERTERS, cached_cast, converter, lookup
 
 __all__ = ["fast_cast_kernel"]
 
@@ -114,8 +114,7 @@ def fast_cast_kernel(device: str, name: str, policy: str, order: list[schema.Slo
                      modes_on=torch._C._is_torch_function_mode_enabled, F32=_F32, F64=_F64, device=device,
                      get_dtype=torch.get_autocast_dtype, cache_enabled=torch.is_autocast_cache_enabled,
                      inference=torch.is_inference_mode_enabled, grad_on=torch.is_grad_enabled,
-                     CONVERT={torch.bfloat16: torch.Tensor.bfloat16, torch.float16: torch.Tensor.half},
-                     converter=converter, to_float=torch.Tensor.float, CACHE=CACHE, lookup=lookup,
+                     CONVERT=CONVERTERS, converter=converter, to_float=CONVERTERS[_F32], CACHE=CACHE, lookup=lookup,
                      cached_cast=cached_cast, is_cached=torch._C._is_cached_tensor, key=_DEVICE_KEYS[device],
                      exclude=torch._C._dispatch_tls_set_dispatch_key_excluded, call=fn)
     exec(compile(source, f"<ampteach autocast kernel {device} {name}>", "exec"), namespace)
