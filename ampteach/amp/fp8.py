@@ -13,6 +13,7 @@ An fp8 number is x * scale rounded to e4m3 (max 448) or e5m2 (max 57344), neares
     tensorwise ("current" scaling, torchao): scale = float32(max / max(float64(amax(x)), 1e-12))
     delayed (Transformer Engine):            scale = float32(max * 2^-margin) / max(last history_len amaxes)
     mx (OCP Microscaling, ampteach.amp.mx):      one power-of-two scale per block of 32 values
+    nvfp4, mxfp4 (4 bits, ampteach.amp.fp4):     the same layers, with NVIDIA's NVFP4 training recipe as switches
 
 Float8Linear runs a Linear's three matmuls on fp8 values (dequantized to float32 and multiplied with
 float32 accumulation, which is what torchao's emulate=True does on a CPU): input and weight in e4m3 in
@@ -25,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ampteach.amp.formats import ELEMENT_FORMATS, FORMATS
+from ampteach.amp.fp4 import FP4_FORMATS, FP4Recipe
 from ampteach.amp.mx import MXTensor, check_options, mx_dequantize, mx_fake_quantize, mx_quantize
 
 __all__ = ["FP8_DTYPES", "RECIPES", "HYBRID", "quantize_tensorwise", "dequantize", "cast_to_fp8", "fp8_dtype",
@@ -33,7 +35,7 @@ __all__ = ["FP8_DTYPES", "RECIPES", "HYBRID", "quantize_tensorwise", "dequantize
 
 FP8_DTYPES = {name: FORMATS[name].torch_dtype for name in ("fp8_e4m3", "fp8_e5m2")}   # from the one registry
 EPS = 1e-12                     # torchao's floor on amax: an all-zero tensor gets scale max / 1e-12
-RECIPES = ("tensorwise", "delayed", "mx")
+RECIPES = ("tensorwise", "delayed", "mx", "nvfp4", "mxfp4")   # the last two: ampteach.amp.fp4
 ALGOS = ("max", "most_recent")
 HYBRID = {"input": "fp8_e4m3", "weight": "fp8_e4m3", "grad_output": "fp8_e5m2"}   # Transformer Engine's HYBRID
 
@@ -174,6 +176,8 @@ class _MX:
     """Blocks of 32 along the last dimension, which Float8Linear makes the dimension each matmul sums over.
     elements: an element format per role (default HYBRID's); e.g. {"input": "fp4_e2m1", ...} for MXFP4."""
 
+    blockwise = True   # cast each operand along the dimension its matmul sums over, from the float32 values
+
     def __init__(self, scale_rounding: str = "rceil", block_size: int = 32, elements: dict[str, str] | None = None):
         self.scale_rounding, self.block_size = scale_rounding, block_size
         self.elements = {**HYBRID, **(elements or {})}
@@ -186,6 +190,10 @@ class _MX:
     def cast(self, role: str, x: Tensor, record: bool = True) -> Tensor:
         return mx_fake_quantize(x.contiguous(), self.elements[role], self.block_size, self.scale_rounding)
 
+    def wgrad_operands(self, g_t: Tensor, x_t: Tensor, record: bool = True) -> tuple[Tensor, Tensor]:
+        """The weight gradient's operands g.T and x.T, cast along the token dimension."""
+        return self.cast("grad_output", g_t, record), self.cast("input", x_t, record)
+
 
 def _make_recipe(recipe: str, **kwargs):
     if recipe == "tensorwise":
@@ -196,6 +204,8 @@ def _make_recipe(recipe: str, **kwargs):
         return _Delayed(**kwargs)
     if recipe == "mx":
         return _MX(**kwargs)
+    if recipe in FP4_FORMATS:
+        return FP4Recipe(recipe, **kwargs)
     raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
 
 
@@ -206,9 +216,10 @@ class _Float8Matmul(torch.autograd.Function):
     backward     grad_input  = fp8(grad_out)    @ fp8(weight)            (e5m2, e4m3)
                  grad_weight = fp8(grad_out).T  @ fp8(x)                 (e5m2, e4m3)
 
-    Per-tensor recipes reuse the forward's fp8 x and weight in the backward. MX scales blocks along the
-    dimension a matmul sums over, so it casts x, weight and grad_output again along the other dimension
-    (from the float32 values, as Transformer Engine does), and a tensor's two casts can differ.
+    Per-tensor recipes reuse the forward's fp8 x and weight in the backward. Blockwise recipes (MX, NVFP4,
+    MXFP4) scale blocks along the dimension a matmul sums over, so they cast x, weight and grad_output again
+    along the other dimension (from the float32 values, as Transformer Engine does), and a tensor's two casts
+    can differ; recipe.wgrad_operands(g.T, x.T) casts the weight gradient's pair (FP4 may rotate it first).
     """
 
     @staticmethod
@@ -216,7 +227,7 @@ class _Float8Matmul(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         x8, w8 = recipe.cast("input", x2, record), recipe.cast("weight", weight, record)
         ctx.recipe, ctx.record, ctx.x_shape = recipe, record, x.shape
-        ctx.save_for_backward(*((x2, weight) if isinstance(recipe, _MX) else (x8, w8)))
+        ctx.save_for_backward(*((x2, weight) if getattr(recipe, "blockwise", False) else (x8, w8)))
         with torch.autocast(x.device.type, enabled=False):     # float32 accumulation, even inside autocast
             out = torch.mm(x8, w8.t())
         return out.reshape(*x.shape[:-1], out.shape[-1])
@@ -226,11 +237,11 @@ class _Float8Matmul(torch.autograd.Function):
         recipe, record = ctx.recipe, ctx.record
         g2 = grad_out.reshape(-1, grad_out.shape[-1])
         a, b = ctx.saved_tensors
-        if isinstance(recipe, _MX):      # a, b = float32 x and weight: block along the summed dimension
+        if getattr(recipe, "blockwise", False):   # a, b = float32 x and weight: block along the summed dim
             g8 = recipe.cast("grad_output", g2, record)
             grad_input = torch.mm(g8, recipe.cast("weight", b.t(), record).t())
-            g8_t = recipe.cast("grad_output", g2.t(), record)
-            grad_weight = torch.mm(g8_t, recipe.cast("input", a.t(), record).t())
+            g8_t, x8_t = recipe.wgrad_operands(g2.t(), a.t(), record)
+            grad_weight = torch.mm(g8_t, x8_t.t())
         else:                            # a, b = the forward's fp8 x and weight
             g8 = recipe.cast("grad_output", g2, record)
             grad_input = torch.mm(g8, b)
@@ -250,10 +261,12 @@ class Float8Linear(nn.Linear):
     Args:
         in_features, out_features, bias, device, dtype: as nn.Linear's.
         recipe (str, default "tensorwise"): how each tensor gets its scale: "tensorwise" (torchao's
-            default), "delayed" (Transformer Engine's DelayedScaling) or "mx" (a scale per 32 values).
+            default), "delayed" (Transformer Engine's DelayedScaling), "mx" (a scale per 32 values), or the
+            4-bit "nvfp4" and "mxfp4" (ampteach.amp.fp4.FP4Recipe: the NVFP4 training recipe's switches).
         **recipe_options: "delayed" takes history_len, algo, margin (DelayedScaling's); "mx" takes
             scale_rounding ("rceil" by default, as Transformer Engine's MXFP8), block_size, and elements,
-            an MX element format per role: {"input": "fp4_e2m1", "weight": "fp4_e2m1"} trains in MXFP4.
+            an MX element format per role: {"input": "fp4_e2m1", "weight": "fp4_e2m1"} trains in MXFP4;
+            "nvfp4" and "mxfp4" take FP4Recipe's weight_2d, rht, stochastic, seed, generator.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, recipe: str = "tensorwise",
