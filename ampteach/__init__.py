@@ -63,6 +63,11 @@ from ampteach.training.gpt import gpt
 # lesson 10: accumulation precision (a matmul's running sum kept to fewer bits)
 from ampteach.amp.accumulator import emulated_matmul
 
+# lesson 11: fp4 training (NVFP4 and MXFP4, the random Hadamard transform, NVIDIA's recipe as switches)
+from ampteach.amp.nvfp4 import NVFP4Tensor, nvfp4_quantize, nvfp4_quantize_2d, per_tensor_scale
+from ampteach.amp.hadamard import inverse_rht, rht, rht_matrix
+from ampteach.amp.fp4 import FP4Recipe, keep_high_precision
+
 # old module paths (ampteach.checks, ...) still import, with a warning
 from ampteach import _moved
 
@@ -84,4 +89,6 @@ __all__ = [
     "mx_dequantize", "mx_quantize",
     "load_shakespeare", "preload_text", "gpt",
     "emulated_matmul",
+    "NVFP4Tensor", "nvfp4_quantize", "nvfp4_quantize_2d", "per_tensor_scale", "inverse_rht", "rht", "rht_matrix",
+    "FP4Recipe", "keep_high_precision",
 ]

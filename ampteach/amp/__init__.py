@@ -6,7 +6,8 @@ formats (float formats and rounding), scaler with unscale_kernels and scaler_che
 master (fp32 master weights), half_weights, kahan and stochastic_rounding (pure half-precision
 weights), cast_lists and autocast with autocast_kernels, autocast_cache and containers (the cast
 policy, registered in the dispatcher), accumulator (a matmul's accumulator of n bits, emulated),
-fp8 and mx (scaled 8-bit and microscaling formats).
+fp8 and mx (scaled 8-bit and microscaling formats), nvfp4, hadamard and fp4 (4-bit formats, the random
+Hadamard transform, and the FP4 training recipes that fp8's Float8Linear runs).
 """
 
 from ampteach.amp.autocast import autocast, custom_bwd, custom_fwd

@@ -84,7 +84,8 @@ class FP4Recipe:
         if fmt not in FP4_FORMATS:
             raise ValueError(f"fmt must be one of {list(FP4_FORMATS)}, got {fmt!r}")
         if scale_rounding not in SCALE_ROUNDINGS:
-            raise ValueError(f"scale_rounding must be one of {SCALE_ROUNDINGS} (MXFP4's exponent), got {scale_rounding!r}")
+            raise ValueError(f"scale_rounding must be one of {SCALE_ROUNDINGS} (MXFP4's exponent rule), "
+                             f"got {scale_rounding!r}")
         self.fmt, self.weight_2d, self.rht, self.stochastic = fmt, weight_2d, rht, stochastic
         self.generator, self.scale_rounding = generator, scale_rounding
         self.H = rht_matrix(random_signs(FP4_FORMATS[fmt], seed))

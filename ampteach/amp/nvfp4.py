@@ -2,7 +2,7 @@
 
     from ampteach.amp.nvfp4 import nvfp4_quantize, nvfp4_quantize_2d, per_tensor_scale
     q = nvfp4_quantize(x)                                  # one level: an E4M3 scale per 16 values (torchao's default)
-    q = nvfp4_quantize(x, per_tensor_scale(x))             # two levels: amax(x) / (448 * 6) on top (the training recipe)
+    q = nvfp4_quantize(x, per_tensor_scale(x))             # two levels: amax(x) / (448 * 6) on top (training's)
     q.codes, q.block_scales, q.per_tensor_scale            # uint8 E2M1 patterns, float8_e4m3fn scales, float32
     y = q.dequantize()                                     # float32: element * (per-tensor scale * block scale)
     w = nvfp4_quantize_2d(weight, per_tensor_scale(weight))   # the weight variant: one scale per 16x16 tile
