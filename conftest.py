@@ -23,8 +23,8 @@ from pathlib import Path
 
 from nbval.plugin import IPyNbFile
 
-# Patience for cell output on a busy machine (see ampteach.grading.autograde.pytest_collection_modifyitems).
-pytest_plugins = ["ampteach.grading.autograde"]
+# Patience for cell output on a busy machine (ampteach/grading/nbval_patience.py).
+pytest_plugins = ["ampteach.grading.nbval_patience"]
 
 ROOT = Path(__file__).parent
 STRICT_BY_FOLDER = {ROOT / "notebooks": True, ROOT / "solutions": False}

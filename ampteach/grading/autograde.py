@@ -1,90 +1,38 @@
-"""Autograde one notebook: the course's check cells put back into it, run by nbval in a fresh kernel.
+"""Autograde one notebook: its cells run in a sandbox, every check judged in the grader's own process.
 
     copy = course_copy("build_2_loss_scale_update")          # shipped in ampteach/grading/exercise_checks/
-    planned, notes = plan_cells(learner_nb, copy, ledger)    # the learner's cells + the course's checks
-    results = run_cells([p.cell for p in planned], metadata, timeout=120, tmp=folder)   # {cell: (result, message)}
+    planned, notes = plan_cells(learner_nb, copy)            # the learner's cells + the course's checks
+    outcomes, notes = autograde(learner_nb, "build_2_loss_scale_update", timeout=120, sandbox=find_sandbox())
 
-As nbgrader's autograder overwrites its test cells, every check cell is replaced by the course's own
-(an edited one included), a deleted one is put back after the nearest course cell the notebook still
-has, and hidden checks are added where the course has them. Each restored cell takes its check
-functions fresh from ampteach.grading.checks (a same-named function in the notebook does not count) and,
-as its last line, notes its cell id in a ledger file with a fresh random name: a check passes only
-when nbval saw no error AND the ledger has its note, because a kernel interrupted in the middle of
-an import can fail a later cell without sending the error.
-
-nbval runs each code cell as a test, in a fresh temporary folder (pytest and the kernel both start
-there), so nothing beside the learner's notebook (a folder named `ampteach`, a clone of the course)
-can stand in for the installed package. A warm-up cell first imports torch and ampteach with its own
-time limit, so a busy machine does not spend a learner's cell limit on imports; a cell that runs
-past its limit is interrupted and the next cells still run (nbval would mark them xfail). This
-module is also a pytest plugin (`-p ampteach.grading.autograde`, and the course's conftest loads it) for
-those two options and for nbval's patience with cell output.
+As nbgrader's autograder overwrites its test cells, every check cell is put back as the course wrote it
+(an edited one included), a deleted one after the nearest course cell the notebook still has, and the
+hidden checks where the course has them. Then, in order:
+    - each of the learner's code cells runs in the notebook's own process, a sandbox (sandbox.py,
+      session.py), with its time limit; a cell that runs past it is interrupted and the next ones run;
+    - at each check cell, the grader judges: ampteach.grading.judges draws the inputs (new ones each
+      time), asks the notebook's process to run the learner's functions on them (checks/driver.py),
+      computes what is expected and compares, here, where the notebook cannot reach. A check cell's
+      other statements (`rows = {...}` before check_e6_1_table) run in the sandbox first.
+Before anything runs, the learner's code is read here (judges/scan.py): a notebook that uses what no
+graded notebook may use (a name reached through a string, frames, threads, ...) fails every check.
 """
 
 from __future__ import annotations
 
+import ast
 import json
-import re
-import subprocess
-import sys
-import tempfile
-import uuid
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import nbformat
-import pytest
 
-from ampteach.grading.exercises import check_functions
+from ampteach.grading.exercises import check_functions, code_fingerprint, worked_code
+from ampteach.grading.sandbox import Sandbox
+from ampteach.grading.session import Session, SessionLost
 
-__all__ = ["known_exercises", "course_copy", "which_exercise", "exercise_from_name", "plan_cells", "run_cells",
-           "CellOutcome", "autograde", "OUTPUT_PATIENCE", "WARMUP"]
-
-_CELL_TIMEOUT = pytest.StashKey[float]()
-ANSI = re.compile(r"(?:\x1b|#x1B)\[[0-9;]*m")
-EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Failed|Interrupt|Exit)): ?(.*)$", re.M)
-TIMEOUT = re.compile(r"Timeout of ([\d.]+) seconds exceeded")
-OUTPUT_PATIENCE = 60.0  # seconds nbval waits for a finished cell's output messages (its own default: 5)
-KERNEL_STARTUP = 300.0  # seconds a kernel may take to start on a busy machine (nbval's default: 60)
-WARMUP = ("import torch, torch._dynamo, ampteach, ampteach.grading.checks  # ampteach grade: the slow imports first, "
-          "with their own time limit")
-WARMUP_TIMEOUT = 600.0
-
-
-# --- pytest plugin: loaded with `-p ampteach.grading.autograde` (and by the course's conftest) ---- -------------------
-
-def pytest_addoption(parser) -> None:
-    group = parser.getgroup("nbval")
-    group.addoption("--nbval-keep-going", action="store_true", default=False,
-                    help="after a cell times out and is interrupted, run the next cells as usual "
-                         "(nbval marks them xfail)")
-    group.addoption("--nbval-warmup-timeout", type=float, default=None,
-                    help="seconds the notebook's first cell may run (the grader's import warm-up), instead of "
-                         "--nbval-cell-timeout")
-
-
-def pytest_collection_modifyitems(items) -> None:
-    """nbval gives a cell that has finished 5 s to deliver its output messages; on a busy machine
-    (CI, a classroom server) that fails correct cells with "Timeout of 5 seconds exceeded waiting
-    for output". The cell's own time limit (--nbval-cell-timeout) is unchanged.
-    """
-    for item in items:
-        if hasattr(item, "output_timeout"):
-            item.output_timeout = max(item.output_timeout, OUTPUT_PATIENCE)
-
-
-def pytest_runtest_setup(item) -> None:
-    """With --nbval-keep-going, one interrupted cell does not turn the rest of the notebook into xfails;
-    with --nbval-warmup-timeout, the first cell has its own time limit."""
-    config = item.config
-    if config.getoption("nbval_keep_going", False) and getattr(item.parent, "timed_out", False):
-        item.parent.timed_out = False
-    warmup = config.getoption("nbval_warmup_timeout", None)
-    if warmup is not None and hasattr(config.option, "nbval_cell_timeout"):
-        cell_timeout = config.stash.setdefault(_CELL_TIMEOUT, config.option.nbval_cell_timeout)
-        config.option.nbval_cell_timeout = warmup if item.name == "Cell 0" else cell_timeout
+__all__ = ["known_exercises", "course_copy", "which_exercise", "exercise_from_name", "plan_cells", "CellOutcome",
+           "autograde", "check_calls", "copied_solution", "learner_sources"]
 
 
 # --- the course's copy of the checks ------------------------------------------------------------------
@@ -122,23 +70,10 @@ class _Planned:
     cell: nbformat.NotebookNode
     label: str | None             # the check's name for the report; None for the learner's own cells
     learner_position: int | None  # 1-based among the learner's code cells
+    check: dict | None = None     # the course's check (its functions and source) for a check cell
 
 
-def _check_cell(check: dict, ledger: str) -> nbformat.NotebookNode:
-    """The course's check cell, its check functions taken fresh from ampteach.grading.checks, and a last line
-    that notes in `ledger` that the cell ran to its end: a pass needs that note, not only the absence
-    of an error message (which an interrupted kernel can fail to send)."""
-    names = check["functions"]
-    preamble = ("from ampteach.grading.checks import course_check as _course_check; "
-                + "; ".join(f'{n} = _course_check("{n}")' for n in names) + "  # the course's checks")
-    done = f"open({ledger!r}, 'a').write({check['id']!r} + '\\n')  # ran to the end"
-    cell = nbformat.v4.new_code_cell(preamble + "\n" + check["source"] + "\n" + done)
-    cell.id = check["id"]
-    return cell
-
-
-def plan_cells(nb: nbformat.NotebookNode, copy: dict,
-               ledger: str = "checks-done.txt") -> tuple[list[_Planned], list[str]]:
+def plan_cells(nb: nbformat.NotebookNode, copy: dict) -> tuple[list[_Planned], list[str]]:
     """The learner's cells with every course check cell put back (edited: replaced; deleted or hidden:
     inserted after the nearest course cell before it that the notebook still has)."""
     checks = {c["id"]: c for c in copy["checks"]}
@@ -159,8 +94,8 @@ def plan_cells(nb: nbformat.NotebookNode, copy: dict,
                           and c["functions"] == called), None)
         if check is not None and check["id"] not in placed:
             placed.add(check["id"])
-            planned.append(_Planned(_check_cell(check, ledger), f"{', '.join(check['functions'])}, cell [{position}]",
-                                    position))
+            planned.append(_Planned(_check_cell(check), f"{', '.join(check['functions'])}, cell [{position}]",
+                                    position, check))
         else:
             planned.append(_Planned(cell, None, position))
     for check in copy["checks"]:
@@ -180,73 +115,51 @@ def plan_cells(nb: nbformat.NotebookNode, copy: dict,
         label = f"{name} (hidden), {where}" if check["hidden"] else f"{name}, restored {where}"
         if not check["hidden"]:
             notes.append(f"the check cell {name} was missing from the notebook; the course's copy ran {where}")
-        planned.insert(at, _Planned(_check_cell(check, ledger), label, None))
+        planned.insert(at, _Planned(_check_cell(check), label, None, check))
         placed.add(check["id"])
     return planned, notes
 
 
+def _check_cell(check: dict) -> nbformat.NotebookNode:
+    cell = nbformat.v4.new_code_cell(check["source"])
+    cell.id = check["id"]
+    return cell
+
+
+def check_calls(source: str) -> tuple[str, list[tuple[str, list[str]]]]:
+    """A check cell split in two: its other statements (run in the notebook's process first), and each
+    check_...(a, b) call with the notebook names it passes (judged here)."""
+    tree = ast.parse(source)
+    rest, calls = [], []
+    for node in tree.body:
+        call = node.value if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) else None
+        if call is not None and isinstance(call.func, ast.Name) and call.func.id.startswith("check_"):
+            calls.append((call.func.id, [arg.id if isinstance(arg, ast.Name) else ast.unparse(arg)
+                                         for arg in call.args]))
+        elif not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ampteach.grading")):
+            rest.append(ast.get_source_segment(source, node) or ast.unparse(node))
+    return "\n".join(rest), calls
+
+
+def learner_sources(planned: list[_Planned], copy: dict) -> list[tuple[str, str]]:
+    """(cell [k], code) of the learner's own code cells: not the course's checks, not its cells left unchanged."""
+    given = set(copy.get("given", ()))
+    return [(f"cell [{p.learner_position}]", p.cell.source) for p in planned
+            if p.cell.cell_type == "code" and p.label is None and p.cell.source.strip()
+            and code_fingerprint(p.cell.source) not in given]
+
+
+def copied_solution(nb: nbformat.NotebookNode, copy: dict) -> bool:
+    """Whether the notebook's answer cells are the course's own worked solution, as published in solutions/
+    (compared as Python reads them: comments and layout do not count)."""
+    answers = set(copy.get("solution", ()))
+    if not answers:
+        return False
+    handed_in = {code_fingerprint(worked_code(cell.source)) for cell in nb.cells if cell.cell_type == "code"}
+    return answers <= handed_in
+
+
 # --- running ------------------------------------------------------------------------------------------------
-
-def _failure(text: str) -> tuple[str, str]:
-    """(result, message) from nbval's report of one failed cell."""
-    text = ANSI.sub("", text)
-    timeout = TIMEOUT.search(text)
-    if timeout and "waiting for output" not in text:
-        return "timeout", f"ran longer than {float(timeout.group(1)):g} s and was interrupted (an endless loop?)"
-    if "Kernel dead on test start" in text or ("waiting for output" in text and timeout):
-        return "missing", "not run: the kernel had died or stopped answering before this cell"
-    if "Kernel didn't respond" in text or "jupyter_client/client.py" in text:
-        return "missing", "not run: the kernel did not start (a machine too busy? grade again with fewer --jobs)"
-    matches = list(EXCEPTION_LINE.finditer(text))
-    if not matches:
-        return "failed", text.strip().splitlines()[-1] if text.strip() else "failed"
-    last = matches[-1]
-    kind, message = last.group(1), text[last.start(2):].strip()
-    if kind == "NotImplementedError":
-        return "failed", "NotImplementedError: not done yet (a `# YOUR CODE HERE` is still to write)"
-    return "failed", f"{kind}: {message}" if message else kind
-
-
-def run_cells(cells: list[nbformat.NotebookNode], metadata: dict, timeout: float,
-              tmp: str) -> dict[int, tuple[str, str]] | str:
-    """{code cell index: (result, message)} for a notebook made of `cells`, or the reason it did not run.
-
-    pytest runs in `tmp` and nbval starts the kernel there (beside the notebook it runs): a fresh folder,
-    so no module beside the learner's notebook shadows the installed ampteach."""
-    nb = nbformat.v4.new_notebook(cells=cells, metadata=metadata)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    notebook = Path(tmp) / "graded.ipynb"
-    nbformat.write(nb, notebook)
-    (Path(tmp) / "pytest.ini").write_text("[pytest]\n")  # ignore any project's pytest settings
-    report = Path(tmp) / "report.xml"
-    cmd = [sys.executable, "-m", "pytest", str(notebook), "--nbval-lax", "--nbval-current-env",
-           f"--nbval-cell-timeout={timeout:g}", f"--nbval-warmup-timeout={max(timeout, WARMUP_TIMEOUT):g}",
-           f"--nbval-kernel-startup-timeout={KERNEL_STARTUP:g}",
-           "--nbval-keep-going", "-p", "no:cacheprovider",
-           "-p", "ampteach.grading.autograde", "-c", str(Path(tmp) / "pytest.ini"), "--rootdir", tmp,
-           f"--junitxml={report}", "-q"]
-    n_code = sum(c.cell_type == "code" for c in cells)
-    try:
-        run = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True,
-                             timeout=(timeout + OUTPUT_PATIENCE) * (n_code + 1) + WARMUP_TIMEOUT + 120)
-    except subprocess.TimeoutExpired:
-        return "the notebook did not finish (the kernel stopped answering)"
-    if not report.exists():
-        return f"nbval could not run the notebook:\n{run.stdout[-2000:]}{run.stderr[-2000:]}"
-    results = {}
-    for case in ET.parse(report).getroot().iter("testcase"):
-        m = re.fullmatch(r"Cell (\d+)", case.get("name", ""))
-        if not m:
-            continue
-        result, message = "passed", ""
-        for child in case:
-            if child.tag in ("failure", "error"):
-                result, message = _failure((child.get("message") or "") + "\n" + (child.text or ""))
-            elif child.tag == "skipped" and result == "passed":
-                result, message = "missing", "not run: " + ANSI.sub("", child.get("message") or "skipped")
-        results[int(m.group(1))] = (result, message)
-    return results
-
 
 @dataclass
 class CellOutcome:
@@ -254,33 +167,74 @@ class CellOutcome:
     position: int | None      # 1-based among the learner's code cells (None: a cell the grader added)
     result: str               # passed / failed / timeout / missing
     message: str = ""
+    functions: tuple[str, ...] = ()   # the check functions a check cell calls
 
 
-def autograde(nb: nbformat.NotebookNode, exercise: str, timeout: float) -> tuple[list[CellOutcome], list[str]]:
-    """Run a learner's notebook with the course's checks of `exercise` restored: every code cell's
-    outcome, and notes (checks that had to be put back, imports that failed)."""
-    for attempt in range(2):   # once more if the kernel did not even start (a machine too busy)
-        with tempfile.TemporaryDirectory() as tmp:
-            ledger = Path(tmp) / f"done-{uuid.uuid4().hex}.txt"    # a fresh name: no notebook can know it
-            planned, notes = plan_cells(nb, course_copy(exercise), str(ledger))
-            metadata = {k: v for k, v in nb.metadata.items() if k == "language_info"}
-            results = run_cells([nbformat.v4.new_code_cell(WARMUP)] + [p.cell for p in planned], metadata,
-                                timeout, tmp)
-            done = set(ledger.read_text().split()) if ledger.exists() else set()
-        started = not isinstance(results, str) and "did not start" not in results.get(0, ("", ""))[1]
-        if started or attempt:
-            break
-    if isinstance(results, str):
-        notes.append(results)
-        results = {}
-    if results.get(0, ("passed",))[0] != "passed":
-        notes.append(f"the imports before the notebook failed: {results[0][1]}")
-    outcomes = []
+def _forbidden_message(hits: list[tuple[str, str, str]]) -> str:
+    label, what, why = hits[0]
+    more = f" (and {len(hits) - 1} more: {', '.join(f'{w} in {c}' for c, w, _ in hits[1:4])})" if len(hits) > 1 else ""
+    return (f"{label} uses `{what}`, which no graded notebook may use: {why}{more}. Take it out: an answer needs "
+            f"none of it")
+
+
+def _judge_cell(session: Session, planned: _Planned, sources: list[tuple[str, str]], copy: dict,
+                timeout: float) -> tuple[str, str]:
+    from ampteach.grading.judges import run_check
+    from ampteach.grading.judges.learner import Learner, Ref
+
+    rest, calls = check_calls(planned.check["source"])
+    if rest.strip():
+        result, message = session.run_cell(rest, timeout)
+        if result != "passed":
+            return result, f"the check cell's own code ({rest.splitlines()[0][:60]}...): {message}"
+    for name, args in calls:
+        learner = Learner(lambda m: session.request(m, m.get("timeout")), fresh=True, sources=sources,
+                          course_cells=copy.get("given", ()), timeout=timeout)
+        verdict = run_check(name, learner, [Ref(a) for a in args])
+        if verdict.result != "passed":
+            return verdict.result, verdict.message
+    return "passed", ""
+
+
+def autograde(nb: nbformat.NotebookNode, exercise: str, timeout: float,
+              sandbox: Sandbox) -> tuple[list[CellOutcome], list[str]]:
+    """Run a learner's notebook with the course's checks of `exercise` restored: every code cell's outcome
+    (checks judged here), and notes (checks that had to be put back, what stopped the notebook)."""
+    from ampteach.grading.judges.scan import forbidden
+
+    copy = course_copy(exercise)
+    planned, notes = plan_cells(nb, copy)
     code = [p for p in planned if p.cell.cell_type == "code"]
-    for index, p in enumerate(code, start=1):   # cell 0 is the warm-up
-        result, message = results.get(index, ("missing", "not run: the notebook stopped before this cell"))
-        if p.label is not None and result == "passed" and p.cell.id not in done:
-            result, message = "failed", ("the check did not run to its end, and the kernel reported no error "
-                                         "(an earlier cell was interrupted mid-import?): grade it again")
-        outcomes.append(CellOutcome(p.label, p.learner_position, result, message))
+    sources = learner_sources(planned, copy)
+    hits = forbidden(sources)
+    if hits:
+        message = _forbidden_message(hits)
+        return [CellOutcome(p.label, p.learner_position, "failed" if p.label else "missing", message,
+                            tuple(p.check["functions"]) if p.check else ()) for p in code], notes + [message]
+    outcomes: list[CellOutcome] = []
+    lost: str | None = None
+    try:
+        session = Session(exercise, sandbox, timeout, total=(len(code) + 2) * (timeout + 60) + 300)
+    except SessionLost as exc:
+        session, lost = None, f"not run: {exc}"
+    try:
+        for p in code:
+            functions = tuple(p.check["functions"]) if p.check else ()
+            if lost is not None:
+                outcomes.append(CellOutcome(p.label, p.learner_position, "missing", lost, functions))
+                continue
+            try:
+                if p.check is None:
+                    result, message = session.run_cell(p.cell.source, timeout)
+                else:
+                    result, message = _judge_cell(session, p, sources, copy, timeout)
+            except SessionLost as exc:
+                lost = f"not run: {exc}"
+                result, message = ("timeout" if "stopped answering" in str(exc) else "missing"), str(exc)
+            outcomes.append(CellOutcome(p.label, p.learner_position, result, message, functions))
+    finally:
+        if session is not None:
+            session.close()
+    if lost:
+        notes.append(lost)
     return outcomes, notes

@@ -34,6 +34,7 @@ cells before it (to put a deleted check back where it was). No solution code goe
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import json
 import re
@@ -44,7 +45,8 @@ from pathlib import Path
 import nbformat
 
 __all__ = ["BEGIN", "END", "STARTER", "HIDDEN", "ROOT", "CHECKS_DIR", "MarkerError", "strip_regions",
-           "without_markers", "check_functions", "exercise_name", "make_exercise", "grading_copy", "fingerprint",
+           "without_markers", "check_functions",
+           "code_fingerprint", "worked_code", "exercise_name", "make_exercise", "grading_copy", "fingerprint",
            "learner_version", "render", "render_checks", "learner_notebooks", "Exercise", "compare",
            "is_untouched_exercise", "SyncReport", "sync", "describe", "main"]
 
@@ -136,8 +138,39 @@ def make_exercise(solution: nbformat.NotebookNode, name: str = "notebook") -> nb
     return nb
 
 
+def code_fingerprint(source: str) -> str:
+    """A cell's code, fingerprinted as Python reads it (comments, blank lines and layout do not count):
+    the sha256 of its syntax tree, or of its stripped text where it is not Python."""
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+        source = TransformerManager().transform_cell(source)
+    except ImportError:
+        pass
+    try:
+        text = ast.dump(ast.parse(source))
+    except SyntaxError:
+        text = "\n".join(line.strip() for line in source.splitlines() if line.strip())
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def worked_code(source: str) -> str:
+    """A solution cell as a learner who solved it would write it: the course's markers and starter code dropped."""
+    out, starter = [], False
+    for line in source.splitlines():
+        marker = line.strip()
+        if marker == STARTER:
+            starter = True
+        elif marker == END:
+            starter = False
+        elif marker != BEGIN and not starter:
+            out.append(line)
+    return "\n".join(out)
+
+
 def grading_copy(solution: nbformat.NotebookNode, name: str) -> dict:
-    """What the grader needs of one exercise: its check cells (hidden ones too) and where each sits."""
+    """What the grader needs of one exercise: its check cells (hidden ones too) and where each sits; the
+    fingerprints of the cells the course gives (a scan of the learner's code skips them) and of the worked
+    solution's answer cells (a submission that hands those in is flagged)."""
     exercise = make_exercise(solution, name)
     visible = {cell.id for cell in exercise.cells}
     checks, before = [], []
@@ -148,7 +181,12 @@ def grading_copy(solution: nbformat.NotebookNode, name: str) -> dict:
                            "source": without_markers(cell.source), "after": list(reversed(before))})
         if cell.id in visible:
             before.append(cell.id)
-    return {"exercise": exercise_name(name), "checks": checks}
+    given = [code_fingerprint(cell.source) for cell in exercise.cells
+             if cell.cell_type == "code" and not any(BEGIN in c.source for c in solution.cells if c.id == cell.id)]
+    answers = [code_fingerprint(worked_code(cell.source)) for cell in solution.cells
+               if cell.cell_type == "code" and BEGIN in cell.source]
+    return {"exercise": exercise_name(name), "checks": checks, "given": sorted(set(given)),
+            "solution": answers}
 
 
 def fingerprint(nb: nbformat.NotebookNode) -> str:

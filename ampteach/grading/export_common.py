@@ -28,15 +28,14 @@ import nbformat
 
 from ampteach.grading.exercises import (
     BEGIN,
-    END,
     HIDDEN,
     ROOT,
-    STARTER,
     MarkerError,
     check_functions,
     make_exercise,
     strip_regions,
     without_markers,
+    worked_code,
 )
 
 __all__ = ["POINTS_PER_CHECK", "ExportError", "Part", "check_preamble", "default_solutions", "free_names",
@@ -119,20 +118,6 @@ def read_parts(path: Path) -> list[Part]:
             role = "given"
         parts.append(Part(cell, role, learner, functions, POINTS_PER_CHECK if functions else 0))
     return parts
-
-
-def worked_code(source: str) -> str:
-    """A solution cell as a learner who solved it would write it: the course's markers and starter code dropped."""
-    out, starter = [], False
-    for line in source.splitlines():
-        marker = line.strip()
-        if marker == STARTER:
-            starter = True
-        elif marker == END:
-            starter = False
-        elif marker != BEGIN and not starter:
-            out.append(line)
-    return "\n".join(out)
 
 
 def check_preamble(functions: list[str]) -> str:

@@ -1,23 +1,27 @@
-"""The exercises' checks: each grades a learner's code against PyTorch or exact arithmetic.
+"""The exercises' checks, as a learner's notebook calls them: each runs its judge in another process.
 
     from ampteach.grading.checks import check_round_to_bf16
     check_round_to_bf16(my_round_to_bf16)     # prints "passed ..." or raises CheckFailed
 
-One module per exercise (the module's docstring says which). Every check runs several cases and
-stops at the first wrong one with a message that says which case, what was expected (computed by
-PyTorch or by exact arithmetic, never typed in), what came back and, for the common mistakes, what
-probably went wrong. Errors raised by the learner's code (NotImplementedError for an untouched
-exercise) pass through unchanged.
+This package is the learner's side of grading, what runs in their kernel (and in the sandbox
+`ampteach grade` starts): one module per exercise, holding the check functions the notebook calls,
+the helpers it uses (observe_autocast, bug_hunt_problem, ...), the refusals that watch the learner's
+code while it runs (`watch`es) and the plans that drive it (a training loop, a GradScaler step by step).
+It never decides a verdict: every check starts its judge (ampteach.grading.judges) as a subprocess,
+which sends the inputs, gets back what the learner's code made of them, computes what is expected
+and compares (checks/visible.py). The judges, their reference answers and their hidden cases are not
+imported from here, and a notebook under `ampteach grade` cannot reach them.
 
-`ampteach grade` calls every check through `course_check(name)`, which re-reads it from this
-package and refuses a function that a learner's notebook put in its place.
+    checks/visible.py   run_judge: a check called in a notebook
+    checks/driver.py    the learner's side of the conversation (and the sandbox's entry point)
+    checks/wire.py      what travels between the two processes: tensors and plain values, never code
+    checks/watches.py   refusing a borrowed answer (the library's own, or torch's) while the learner's code runs
+    checks/guard.py     what a notebook under grading may not do at all (threads, processes, frames, ...)
 """
 
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
-from typing import Callable
 
 from ampteach.grading.checks.amp_throughput import check_amp_step, check_e6_1_measure, check_e6_1_table
 from ampteach.grading.checks.autocast_mode import check_autocast_mode, check_autocast_mode_hidden
@@ -60,6 +64,7 @@ from ampteach.grading.checks.when_amp_is_wrong import check_clip_threshold, chec
 MODULES = ("bf16_rounding", "loss_scale_update", "master_step", "sort_cast_lists", "amp_throughput",
            "when_amp_is_wrong", "grad_scaler", "autocast_mode", "transformer_dtypes", "static_scale", "scale_log",
            "bug_hunt", "mx_blocks", "promoted_accumulation", "fp16_attention", "bf16_weight_decay")
+SEALED = {"build_4_cast_lists": "sort_cast_lists", "predict_transformer_dtypes": "transformer_dtypes"}
 
 
 def _registry() -> dict[str, str]:
@@ -73,37 +78,25 @@ def _registry() -> dict[str, str]:
     return found
 
 
-def _honest_kernel() -> None:
-    """Undo what a notebook could do to hide a check's error from the grader (IPython's error display)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return
-    shell = get_ipython()
-    if shell is not None:
-        shell.set_custom_exc((), None)
-        for name in ("showtraceback", "_showtraceback", "showsyntaxerror", "run_cell", "run_ast_nodes"):
-            shell.__dict__.pop(name, None)
+CHECKS = _registry()
 
 
-CHECKS = _registry()   # made at import, before any notebook code runs
-
-
-def course_check(name: str) -> Callable:
-    """The course's own check `name`, as `ampteach grade` calls it (never a learner's redefinition)."""
-    _honest_kernel()
+def course_check(name: str):
+    """The course's own check `name`, as the nbgrader and Otter exports call it (never a learner's redefinition:
+    the verdict comes from the judge's process either way)."""
     if name not in CHECKS:
         raise CheckFailed(f"{name} is not one of the course's checks")
-    module = importlib.import_module(f"{__name__}.{CHECKS[name]}")
-    fn = getattr(module, name)
-    code = getattr(fn, "__code__", None)
-    if code is None or Path(code.co_filename).resolve() != Path(module.__file__).resolve():
-        raise CheckFailed(f"{name} was replaced by code from your notebook; the grader runs only the course's "
-                          f"checks (restart the kernel, and leave ampteach's functions as they are)")
-    return fn
+    return getattr(importlib.import_module(f"{__name__}.{CHECKS[name]}"), name)
 
 
-__all__ = ["CheckFailed", "course_check", "check_round_to_bf16", "check_loss_scale_update",
+def sealed_watch(exercise: str):
+    """The refusals that hold for a whole notebook under grading (an exercise whose answer could be read off a
+    run before the check: the cast lists, the transformer's dtypes), or None."""
+    module = SEALED.get(exercise)
+    return importlib.import_module(f"{__name__}.{module}").sealed() if module else None
+
+
+__all__ = ["CheckFailed", "course_check", "sealed_watch", "CHECKS", "check_round_to_bf16", "check_loss_scale_update",
            "check_loss_scale_update_hidden", "check_master_step",
            "CAST_LIST_OPS", "CHALLENGE_OPS", "check_cast_lists", "check_cast_lists_reasoned", "observe_autocast",
            "check_amp_step",

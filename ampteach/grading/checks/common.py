@@ -1,8 +1,8 @@
-"""What every check shares: the failure type, the pass line, and guards against borrowed answers.
+"""What every check shares: the failure type, and comparing tensors bit for bit.
 
-    from ampteach.grading.checks.common import CheckFailed, passed, refusing
-    with refusing(torch.amp.GradScaler, "update", because="build update() yourself"):
-        learner_scaler.update()               # a call into torch's own update raises CheckFailed
+    from ampteach.grading.checks.common import CheckFailed, same_bits
+    if not same_bits(got, want):
+        raise CheckFailed("case 3: expected ..., got ...")
 
 A check raises CheckFailed with a message that says which case, what was expected (computed by
 PyTorch or by exact arithmetic, never typed in) and what came back. Errors raised by the learner's
@@ -17,15 +17,14 @@ there and `ampteach grade` sees the error as before.
 from __future__ import annotations
 
 import contextlib
-import functools
 import html
 import re
 import traceback
-from typing import Any, Callable, Iterator
+from typing import Iterator
 
 import torch
 
-__all__ = ["CheckFailed", "passed", "bits32", "same_bits", "short", "refusing", "RefuseOps"]
+__all__ = ["CheckFailed", "bits32", "same_bits", "short", "one_thread"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _RED, _RESET = "\x1b[0;31m", "\x1b[0m"
@@ -75,10 +74,6 @@ def _show_folded(error: BaseException) -> None:
     display({"text/html": folded, "text/plain": f"{summary}:\n{text}"}, raw=True)
 
 
-def passed(name: str, detail: str) -> None:
-    print(f"passed {name}: {detail}")
-
-
 def bits32(x: torch.Tensor) -> torch.Tensor:
     """The int32 bit patterns of a float32 tensor (NaNs compare by pattern, -0 differs from 0)."""
     return x.contiguous().view(torch.int32)
@@ -100,34 +95,12 @@ def short(dtype: torch.dtype | None) -> str:
 
 
 @contextlib.contextmanager
-def refusing(owner: Any, names: tuple[str, ...] | str, because: str) -> Iterator[None]:
-    """Inside the region, calling owner.<name> raises CheckFailed(because): the exercise is to write it."""
-    names = (names,) if isinstance(names, str) else names
-    saved = {name: owner.__dict__[name] for name in names if name in getattr(owner, "__dict__", {})}
-
-    def refuse(name: str) -> Callable:
-        @functools.wraps(saved[name])
-        def refused(*args, **kwargs):
-            raise CheckFailed(f"your code called {getattr(owner, '__name__', owner)}.{name}: {because}")
-        return refused
-
-    for name in saved:
-        setattr(owner, name, refuse(name))
+def one_thread() -> Iterator[None]:
+    """Run torch's CPU ops on one thread: a plan's numbers then match the judge's replay bit for bit (the
+    judge runs on one thread; a reduction split across threads can round differently)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
         yield
     finally:
-        for name, original in saved.items():
-            setattr(owner, name, original)
-
-
-class RefuseOps(torch.overrides.TorchFunctionMode):
-    """Inside the region, calling one of `ops` (torch functions) raises CheckFailed(because)."""
-
-    def __init__(self, ops: dict[Callable, str]) -> None:
-        super().__init__()
-        self.ops = ops
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in self.ops:
-            raise CheckFailed(f"your code called {getattr(func, '__name__', func)}: {self.ops[func]}")
-        return func(*args, **(kwargs or {}))
+        torch.set_num_threads(before)

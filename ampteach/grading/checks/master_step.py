@@ -2,75 +2,101 @@
 
     from ampteach.grading.checks import check_master_step
     check_master_step(make_master_copies, master_step)
+
+The plan below runs in the learner's process: it builds the half model, calls make_master_copies,
+then five training steps with an overflow at step 2, calling master_step after each scaled backward,
+and sends back what each step left (the fp32 copies, the half weights, the scale). The judge
+(ampteach.grading.judges.master_step) replays the same steps with the course's MasterWeights. While the
+learner's functions run, the library's MasterWeights (ampteach/amp/master.py) is refused.
 """
 
 from __future__ import annotations
 
-import copy
-from typing import Callable
-
 import torch
+import torch.nn.functional as F
 
-from ampteach.grading.checks.common import CheckFailed
-from ampteach.grading.checks.common import passed as _passed
+from ampteach.grading.checks.common import CheckFailed, one_thread
+from ampteach.grading.checks.driver import plan, watch
+from ampteach.grading.checks.visible import run_judge
+from ampteach.grading.checks.watches import Borrowed, package_files
 
-__all__ = ["check_master_step"]
+__all__ = ["BECAUSE", "OPTIMIZERS", "check_master_step", "make_optimizer", "o2_problem", "o2_batch"]
+
+BECAUSE = ("the exercise is to keep the fp32 copies and move gradients and weights between them yourself "
+           "(ampteach.MasterWeights is the course's version, for comparing after you pass)")
+OPTIMIZERS = ("sgd", "adamw")
+STEPS, OVERFLOW_AT = 5, 2
 
 
-def check_master_step(make_master_copies: Callable, master_step: Callable) -> None:
-    """make_master_copies(model) -> [(half_param, fp32_copy), ...]; master_step(pairs, optimizer, scaler)
-    runs after scaler.scale(loss).backward(). Graded against ampteach.MasterWeights + torch.amp.GradScaler
-    (SGD with momentum and AdamW, five steps each, an overflow injected at step 2), bit for bit."""
-    import torch.nn.functional as F
+@watch("master_step")
+def own_copies(who: str) -> Borrowed:
+    return Borrowed(who, package_files("ampteach.amp.master"), BECAUSE)
 
-    from ampteach.amp.master import MasterWeights, to_half
+
+def o2_problem() -> torch.nn.Module:
+    """The half model both sides start from: the course MLP 784-32-10 in fp16, seed 0."""
+    from ampteach.amp.master import to_half
     from ampteach.training.models import mlp
 
-    for opt_name in ("sgd", "adamw"):
-        torch.manual_seed(0)
-        model = to_half(mlp((32,)))
-        mine = copy.deepcopy(model)
-        pairs = make_master_copies(mine)
+    torch.manual_seed(0)
+    return to_half(mlp((32,)))
+
+
+def make_optimizer(name: str, params) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    return torch.optim.AdamW(params, lr=1e-3)
+
+
+def o2_batch(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(32, 1, 28, 28, generator=gen).half(), torch.randint(0, 10, (32,), generator=gen)
+
+
+def scaled_backward(net: torch.nn.Module, scaler, x, y, step: int) -> None:
+    """zero_grad, scale(loss).backward() (fp16 grads, times S), and an inf in the first weight at OVERFLOW_AT."""
+    net.zero_grad(set_to_none=True)
+    scaler.scale(F.cross_entropy(net(x).float(), y)).backward()
+    if step == OVERFLOW_AT:
+        next(net.parameters()).grad[0, 0] = float("inf")
+
+
+@plan("master_step.steps")
+def run_steps(opt_name: str, data_seed: int, *, make_master_copies, master_step) -> dict:
+    """make_master_copies on the half model, then STEPS steps with master_step: what each step leaves."""
+    with one_thread():
+        mine = o2_problem()
         params = list(mine.parameters())
+        with own_copies(getattr(make_master_copies, "__name__", "make_master_copies")):
+            pairs = make_master_copies(mine)
         if not isinstance(pairs, list) or len(pairs) != len(params):
             raise CheckFailed(f"make_master_copies: expected a list of {len(params)} (half, fp32) pairs, "
                               f"got {pairs!r:.200}")
-        for i, (p, m) in enumerate(pairs):
-            if p is not params[i] or m.dtype != torch.float32 or not m.requires_grad or not torch.equal(m, p.float()):
+        for i, pair in enumerate(pairs):
+            p, m = pair if isinstance(pair, (tuple, list)) and len(pair) == 2 else (None, None)
+            if p is not params[i] or not isinstance(m, torch.Tensor) or m.dtype != torch.float32 \
+                    or not m.requires_grad or not torch.equal(m, p.float()):
                 raise CheckFailed(f"make_master_copies, pair {i}: expected (the model's parameter {i}, an fp32 leaf "
-                                  f"copy with requires_grad and the same values), got ({p.dtype} {tuple(p.shape)}, "
-                                  f"{m.dtype} requires_grad={m.requires_grad})")
+                                  f"copy with requires_grad and the same values), got "
+                                  f"({getattr(p, 'dtype', p)} {tuple(getattr(p, 'shape', ()))}, "
+                                  f"{getattr(m, 'dtype', m)} requires_grad={getattr(m, 'requires_grad', None)})")
             if m.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
                 raise CheckFailed(f"make_master_copies, pair {i}: the fp32 copy must not share memory with the model")
-        master = MasterWeights(model)
-        make_opt = (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)) if opt_name == "sgd" else \
-            (lambda ps: torch.optim.AdamW(ps, lr=1e-3))
-        opt_ref, opt_me = make_opt(master.params), make_opt([m for _, m in pairs])
-        scaler_ref, scaler_me = (torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2) for _ in range(2))
-        gen = torch.Generator().manual_seed(1)
-        for step in range(5):
-            x, y = torch.randn(32, 1, 28, 28, generator=gen).half(), torch.randint(0, 10, (32,), generator=gen)
-            for net, scaler in ((model, scaler_ref), (mine, scaler_me)):
-                net.zero_grad(set_to_none=True)
-                scaler.scale(F.cross_entropy(net(x).float(), y)).backward()  # fp16 grads, times S
-                if step == 2:
-                    next(net.parameters()).grad[0, 0] = float("inf")         # an overflow: skip this step
-            master.grads_to_master()
-            scaler_ref.step(opt_ref)
-            scaler_ref.update()
-            master.master_to_model()
-            master_step(pairs, opt_me, scaler_me)
-            case = f"{opt_name}, step {step}" + (" (an inf gradient: the step must be skipped)" if step == 2 else "")
-            if scaler_me.get_scale() != scaler_ref.get_scale():
-                raise CheckFailed(f"{case}: expected loss scale {scaler_ref.get_scale()}, got {scaler_me.get_scale()} "
-                                  f"(scaler.step then scaler.update, once per step)")
-            for i, ((p, m), (q, n)) in enumerate(zip(pairs, master.pairs)):
-                if not torch.equal(m, n):
-                    raise CheckFailed(f"{case}: fp32 copy {i} differs from the reference (max |difference| "
-                                      f"{(m - n).abs().max().item():.3g}): its .grad must be the model's grad in fp32")
-                if not torch.equal(p, q):
-                    raise CheckFailed(f"{case}: model parameter {i} differs from the reference: after the step, "
-                                      f"copy the fp32 values back into the half model")
-    _passed("check_master_step",
-            "SGD and AdamW, 5 steps each with an overflow: same fp32 copies, half weights and scale")
+        opt = make_optimizer(opt_name, [m for _, m in pairs])
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+        gen = torch.Generator().manual_seed(data_seed)
+        steps = []
+        for step in range(STEPS):
+            x, y = o2_batch(gen)
+            scaled_backward(mine, scaler, x, y, step)
+            with own_copies(getattr(master_step, "__name__", "master_step")):
+                master_step(pairs, opt, scaler)
+            steps.append({"scale": scaler.get_scale(), "masters": [m.detach().clone() for _, m in pairs],
+                          "params": [p.detach().clone() for p, _ in pairs]})
+        return {"steps": steps}
 
+
+def check_master_step(make_master_copies, master_step) -> None:
+    """make_master_copies(model) -> [(half_param, fp32_copy), ...]; master_step(pairs, optimizer, scaler)
+    runs after scaler.scale(loss).backward(). Graded against ampteach.MasterWeights + torch.amp.GradScaler
+    (SGD with momentum and AdamW, five steps each, an overflow injected at step 2), bit for bit."""
+    run_judge("check_master_step", make_master_copies, master_step)

@@ -3,28 +3,21 @@
     from ampteach.grading.checks import ELEMENTS, check_mx_quantize
     check_mx_quantize(mx_quantize)     # mx_quantize(x, elem) -> (shared exponents, element values)
 
-The rule, stated here independently of the course's library and computed in float64 with exact
-exponents (torch.frexp), never with log2:
-    each block of 32 consecutive values (last dimension) shares one scale X = 2^e, an E8M0 number;
-    e = floor(log2(amax)) - emax_elem, clamped to E8M0's range [-127, 127] (amax: the block's largest |v|);
-    each element P_i = v_i / X rounded to the element format, to nearest with ties to even,
-    saturating at +-max_elem (no inf); the block dequantizes to P_i * X.
-For an all-zero block any e is accepted (every element is 0). Inputs are finite float32.
+The rule (the judge computes it independently of the course's library, in float64 with exact
+exponents): each block of 32 consecutive values (last dimension) shares one scale X = 2^e, an E8M0
+number; e = floor(log2(amax)) - emax_elem, clamped to [-127, 127]; each element P_i = v_i / X rounded
+to the element format, to nearest with ties to even, saturating at +-max_elem (no inf). While the
+learner's function runs, the course library's torch.amp rebuild (ampteach/amp: its MX code and its
+rounding) is refused.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import math
-from typing import Callable, Iterator
+from ampteach.grading.checks.driver import watch
+from ampteach.grading.checks.visible import run_judge
+from ampteach.grading.checks.watches import Borrowed, package_files
 
-import torch
-
-from ampteach.grading.checks.common import CheckFailed, refusing
-from ampteach.grading.checks.common import passed as _passed
-
-__all__ = ["BLOCK", "ELEMENTS", "check_mx_quantize", "check_mx_quantize_hidden", "mx_cases", "ocp_reference"]
+__all__ = ["BLOCK", "ELEMENTS", "BECAUSE", "check_mx_quantize", "check_mx_quantize_hidden"]
 
 BLOCK = 32
 # element format -> (exponent bits, mantissa bits, emax: largest exponent of a normal value, largest value)
@@ -35,129 +28,21 @@ ELEMENTS = {
     "fp6_e2m3": (2, 3, 2, 7.5),
     "fp4_e2m1": (2, 1, 2, 6.0),
 }
+BECAUSE = "the exercise is to write the rule yourself (the course library's MX code is for comparing after you pass)"
 
 
-def ocp_reference(x: torch.Tensor, elem: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e per block as int32, element values as float32) by the OCP MX v1.0 rule, in exact float64 steps."""
-    ebits, mbits, emax, vmax = ELEMENTS[elem]
-    emin = 2 - 2 ** (ebits - 1)                       # exponent of the smallest normal element
-    blocks = x.double().reshape(*x.shape[:-1], -1, BLOCK)
-    amax = blocks.abs().amax(-1)
-    _, k = torch.frexp(amax)                          # amax = m * 2^k with 0.5 <= m < 1: floor(log2) = k - 1
-    e = torch.where(amax > 0, k.long() - 1 - emax, torch.full_like(k, -127, dtype=torch.long)).clamp(-127, 127)
-    v = blocks * torch.exp2(-e.double())[..., None]   # exact: a power of two, in float64
-    _, kv = torch.frexp(v)
-    quantum = torch.exp2((torch.clamp(kv.long() - 1, min=emin) - mbits).double())
-    p = (torch.round(v / quantum) * quantum).clamp(-vmax, vmax)   # torch.round: ties to even
-    return e.to(torch.int32), p.reshape(x.shape).float()
+@watch("mx_blocks")
+def own_rule(who: str) -> Borrowed:
+    return Borrowed(who, package_files("ampteach.amp"), BECAUSE)
 
 
-def mx_cases(hidden: bool = False) -> dict[str, torch.Tensor]:
-    """Named inputs (last dimension a multiple of 32): random magnitudes and the rule's edge cases."""
-    gen = torch.Generator().manual_seed(11 if hidden else 1)
-    below_pow2 = torch.full((BLOCK,), 0.25)
-    below_pow2[0] = 8 * (1 - 2**-24)                  # float32 log2 rounds this up to 3.0 exactly
-    top = torch.linspace(-7.0, 7.0, BLOCK)            # MXFP4: amax 7 lies in the top binade, clips to 6
-    ties = torch.tensor([2.5, 3.5, 5.0, 1.25, 0.75, 0.25, -2.5, -0.25] * 4) * 1.0   # ties on small grids
-    tiny = torch.randn(BLOCK, generator=gen) * 2.0**-130   # e would be far below -127: clamped
-    mixed = torch.randn(BLOCK, generator=gen) * torch.exp2(torch.randint(-20, 4, (BLOCK,), generator=gen).float())
-    cases = {
-        "4 rows of 64 normal values": torch.randn(4, 64, generator=gen),
-        "wide magnitudes (2^-20 to 2^3 in one block)": mixed,
-        "amax just below a power of two": below_pow2,
-        "values in the top binade": top,
-        "exact ties": ties,
-        "a tiny block (subnormal float32)": tiny,
-        "an all-zero block next to a normal one": torch.cat([torch.zeros(BLOCK), torch.randn(BLOCK, generator=gen)]),
-    }
-    if hidden:
-        bits = torch.randint(-(2**31), 2**31, (8, 96), generator=gen, dtype=torch.int64).to(torch.int32)
-        finite = bits.view(torch.float32)
-        cases = {**{f"hidden: {k}": v * (3.0 if torch.is_floating_point(v) else 1) for k, v in cases.items()},
-                 "random finite float32 bit patterns": torch.where(torch.isfinite(finite), finite, 1.0),
-                 "huge values near float32's max": torch.randn(BLOCK, generator=gen) * 1e37,
-                 "a 3-d input": torch.randn(2, 3, 64, generator=gen) * 100}
-    return cases
-
-
-@contextlib.contextmanager
-def _own_work() -> Iterator[None]:
-    """The course library's MX code is refused while the learner's runs."""
-    try:
-        mx = importlib.import_module("ampteach.amp.mx")
-    except ImportError:
-        yield
-        return
-    names = tuple(n for n in ("mx_quantize", "mx_dequantize", "shared_exponent", "round_to_element") if hasattr(mx, n))
-    with refusing(mx, names, "the exercise is to write the rule yourself"):
-        yield
-
-
-def _why_exponent(x_block: torch.Tensor, got: int, want: int, elem: str) -> str:
-    amax = x_block.abs().max().item()
-    emax = ELEMENTS[elem][2]
-    if amax > 0 and got == math.floor(torch.log2(torch.tensor(amax, dtype=torch.float32)).item()) - emax != want:
-        return (" (log2 in float32 rounds up just below a power of two: read the exponent from the bits, "
-                "e.g. torch.frexp)")
-    if amax > 0 and got == math.ceil(math.log2(amax / ELEMENTS[elem][3])) != want:
-        return " (that is the ceiling rule Transformer Engine uses; OCP's is floor(log2(amax)) - emax)"
-    if want == -127 and got < -127:
-        return " (E8M0 holds exponents -127..127: clamp)"
-    return ""
-
-
-def _grade(mx_quantize: Callable, name: str, x: torch.Tensor, elem: str) -> None:
-    with _own_work():
-        got = mx_quantize(x.clone(), elem)
-    if not (isinstance(got, tuple) and len(got) == 2):
-        raise CheckFailed(f"{name}, {elem}: expected (exponents, elements), got {type(got).__name__}")
-    e, p = (torch.as_tensor(t) for t in got)
-    want_e, want_p = ocp_reference(x, elem)
-    if e.shape != want_e.shape or p.shape != x.shape:
-        raise CheckFailed(f"{name}, {elem}: expected exponents of shape {tuple(want_e.shape)} (one per block of "
-                          f"{BLOCK}) and elements of shape {tuple(x.shape)}, got {tuple(e.shape)} and {tuple(p.shape)}")
-    nonzero = x.reshape(*x.shape[:-1], -1, BLOCK).abs().amax(-1) > 0
-    bad = (e.long() != want_e.long()) & nonzero
-    if bad.any():
-        i = tuple(int(v) for v in bad.nonzero()[0])
-        block = x.reshape(*x.shape[:-1], -1, BLOCK)[i]
-        raise CheckFailed(f"{name}, {elem}: block {i} (amax {block.abs().max().item()!r}) has shared exponent "
-                          f"{int(want_e[i])}, you gave {int(e[i])}"
-                          + _why_exponent(block, int(e[i]), int(want_e[i]), elem))
-    p = p.float()
-    wrong = ~((p == want_p) | (torch.isnan(p) & torch.isnan(want_p)))
-    if wrong.any():
-        i = tuple(int(v) for v in wrong.nonzero()[0])
-        blocks = x.double().reshape(*x.shape[:-1], -1, BLOCK)
-        scaled = (blocks * torch.exp2(-want_e.double())[..., None]).reshape(x.shape)[i]
-        why = ""
-        vmax = ELEMENTS[elem][3]
-        if abs(p[i].item()) > vmax or not math.isfinite(p[i].item()):
-            why = f" (elements saturate at +-{vmax:g}: no inf in MX elements)"
-        elif abs(p[i].item() - scaled.item()) == abs(want_p[i].item() - scaled.item()):
-            why = " (an exact tie: round to the neighbour whose last mantissa bit is 0)"
-        raise CheckFailed(f"{name}, {elem}: {int(wrong.sum())} elements wrong; first at {i}: the value {x[i].item()!r} "
-                          f"is {scaled.item()!r} times the block's scale, which rounds to {want_p[i].item()!r}, "
-                          f"you gave {p[i].item()!r}{why}")
-
-
-def check_mx_quantize(mx_quantize: Callable[[torch.Tensor, str], tuple[torch.Tensor, torch.Tensor]]) -> None:
+def check_mx_quantize(mx_quantize) -> None:
     """mx_quantize(x, elem) -> (e: one shared exponent per block of 32, P: the element values, float32,
     shaped like x) for each element format in ELEMENTS; graded against the OCP MX v1.0 rule."""
-    n = 0
-    for name, x in mx_cases().items():
-        for elem in ELEMENTS:
-            _grade(mx_quantize, name, x, elem)
-            n += 1
-    _passed("check_mx_quantize",
-            f"{n} (input, element format) pairs: scales and elements as the OCP MX v1.0 rule gives")
+    run_judge("check_mx_quantize", mx_quantize)
 
 
-def check_mx_quantize_hidden(mx_quantize: Callable[[torch.Tensor, str], tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """Inputs the exercise does not show: random bit patterns, values near float32's max, 3-d tensors."""
-    n = 0
-    for name, x in mx_cases(hidden=True).items():
-        for elem in ELEMENTS:
-            _grade(mx_quantize, name, x, elem)
-            n += 1
-    _passed("check_mx_quantize_hidden", f"{n} more (input, element format) pairs")
+def check_mx_quantize_hidden(mx_quantize) -> None:
+    """Inputs the exercise does not show, drawn each time: random bit patterns, values near float32's max,
+    3-d tensors."""
+    run_judge("check_mx_quantize_hidden", mx_quantize)

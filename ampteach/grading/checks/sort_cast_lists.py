@@ -3,6 +3,10 @@
     from ampteach.grading.checks import CAST_LIST_OPS, CHALLENGE_OPS, check_cast_lists, observe_autocast
     observe_autocast("exp", "cuda")           # what torch.autocast does with it (CUDA on fake tensors)
     check_cast_lists(sort_into_cast_lists)    # the observable ops; the grader also checks CHALLENGE_OPS
+
+The answer key is the course library's tables (ampteach.amp.cast_lists) and torch's dispatcher
+registrations: while the learner's function runs, both are refused (observe_autocast, which runs
+torch.autocast, is let through), and under grading they are refused for the whole notebook.
 """
 
 from __future__ import annotations
@@ -11,9 +15,13 @@ from typing import Callable
 
 import torch
 
-from ampteach.grading.checks.borrowed import Borrowed, dispatcher_introspection, notebook_uses, package_files
 from ampteach.grading.checks.common import CheckFailed
-from ampteach.grading.checks.common import passed as _passed
+from ampteach.grading.checks.driver import plan, watch
+from ampteach.grading.checks.visible import run_judge
+from ampteach.grading.checks.watches import Borrowed, dispatcher_introspection, package_files
+
+__all__ = ["BECAUSE", "CAST_LIST_OPS", "CHALLENGE_OPS", "observe_autocast", "check_cast_lists",
+           "check_cast_lists_reasoned", "is_answer_key", "sealed"]
 
 BECAUSE = ("the exercise is to sort the ops yourself, from what observe_autocast shows and from why the lists are "
            "what they are; the course library's tables (ampteach.amp.cast_lists) and torch's dispatcher registrations "
@@ -66,9 +74,6 @@ CAST_LIST_OPS = (
 CHALLENGE_OPS = ("baddbmm", "conv_transpose2d", "cumsum", "group_norm", "expm1", "log1p", "l1_loss", "addcdiv",
                  "stack", "gelu")
 
-FAMILIES = {"lower_precision_fp": "lower", "fp32": "fp32", "fp32_set_opt_dtype": "fp32",
-            "fp32_append_dtype": "fp32", "promote": "inputs", None: "inputs", "banned": "banned"}
-
 
 def observe_autocast(op: str, device_type: str) -> str:
     """What torch.autocast does with op: its output dtype for fp32, half and mixed inputs (or its error).
@@ -95,31 +100,36 @@ def observe_autocast(op: str, device_type: str) -> str:
     return ", ".join(results)
 
 
-def _why_wrong(op: str, device: str, got: str | None, want: str | None) -> str:
-    """What is wrong with a placement, without naming the right one."""
-    seen = f"torch.autocast: {observe_autocast(op, device)}"
-    if FAMILIES.get(got) != FAMILIES[want]:
-        return f"{seen}; that does not fit {got!r}"
-    if FAMILIES[want] == "fp32":
-        return (f"the dtypes fit an fp32 list, but not {got!r}: does the op take a dtype= argument (the "
-                f"*_set_opt_dtype list), is it norm, or neither?")
-    return (f"the dtypes cannot tell None from 'promote' ({seen}): does the op combine several tensors that must "
-            f"share a dtype, and is it on this device's promote list? The CPU and CUDA promote lists differ")
-
-
-def _is_answer_key(name: str) -> bool:
+def is_answer_key(name: str) -> bool:
+    """A name that reads the answer: the library's tables, or torch's dispatcher introspection."""
     return name in ("cast_lists", "policy_of", "ops_with_policy") or name.startswith("_dispatch_")
 
 
-def _refuse_answer_keys(fn: Callable) -> None:
-    """An answer read from the library's tables or torch's dispatcher before the check called fn (in
-    another cell) leaves them in the notebook's namespace or in the cells it ran: both are refused."""
+def _watch(who: str) -> Borrowed:
+    return Borrowed(who, package_files("ampteach.amp"), BECAUSE, builtins=dispatcher_introspection,
+                    allowed=(observe_autocast,))
+
+
+@watch("sort_cast_lists")
+def own_sorting(who: str) -> Borrowed:
+    return _watch(who)
+
+
+def sealed() -> Borrowed:
+    """Under grading, for the whole notebook: the tables and the dispatcher's registrations are refused."""
+    return Borrowed("notebook", package_files("ampteach.amp.cast_lists"), BECAUSE, builtins=dispatcher_introspection,
+                    allowed=(observe_autocast,))
+
+
+@plan("sort_cast_lists.answer")
+def answer(*, sort_into_cast_lists) -> dict:
+    """The learner's answer, after refusing a notebook that holds the library's tables."""
     from ampteach.amp import cast_lists
 
     keys = {id(cast_lists): "the module ampteach.amp.cast_lists"}
     for table in ("TABLES", "CUDA", "CPU"):
         keys[id(getattr(cast_lists, table))] = f"ampteach.amp.cast_lists.{table}"
-    namespace = getattr(fn, "__globals__", {})
+    namespace = getattr(sort_into_cast_lists, "__globals__", {})
     for name, value in list(namespace.items()):
         what = keys.get(id(value))
         if what is None and callable(value) and getattr(value, "__module__", None) == cast_lists.__name__:
@@ -127,58 +137,19 @@ def _refuse_answer_keys(fn: Callable) -> None:
         if what is not None:
             raise CheckFailed(f"your notebook holds {what} (as `{name}`): {BECAUSE}. Remove that import, restart the "
                               f"kernel and run the notebook in order")
-    used = notebook_uses(namespace, _is_answer_key)
-    if used:
-        cells = ", ".join(f"`{name}` in cell In[{number}]" for number, name in used)
-        raise CheckFailed(f"your notebook used {cells}: {BECAUSE}. Take that code out, restart the kernel and run "
-                          f"the notebook in order")
+    with _watch(getattr(sort_into_cast_lists, "__name__", "function")):
+        return sort_into_cast_lists()
 
 
-def _answer(sort_into_cast_lists: Callable[[], dict], ops: tuple[str, ...]) -> dict:
-    from ampteach.amp.cast_lists import POLICIES
-
-    _refuse_answer_keys(sort_into_cast_lists)
-    with Borrowed(getattr(sort_into_cast_lists, "__name__", "function"), package_files("ampteach.amp"), BECAUSE,
-                  builtins=dispatcher_introspection, allowed=(observe_autocast,)):
-        answer = sort_into_cast_lists()
-    if not isinstance(answer, dict) or set(answer) != {"cpu", "cuda"}:
-        raise CheckFailed(f'expected a dict with keys "cpu" and "cuda", got {answer!r:.200}')
-    for device in ("cpu", "cuda"):
-        missing = [op for op in ops if op not in answer[device]]
-        if missing:
-            raise CheckFailed(f"{device}: expected a category (or None) for every op; missing {missing}")
-        for op in ops:
-            got = answer[device][op]
-            if got is not None and got not in POLICIES:
-                raise CheckFailed(f"{device}, {op}: {got!r} is not a category; use one of {POLICIES} or None")
-    return answer
-
-
-def check_cast_lists(sort_into_cast_lists: Callable[[], dict]) -> None:
+def check_cast_lists(sort_into_cast_lists) -> None:
     """sort_into_cast_lists() -> {"cpu": {op: category}, "cuda": {op: category}} for every op in
     CAST_LIST_OPS and CHALLENGE_OPS, a category being one of PyTorch's names or None (on no list).
     Grades CAST_LIST_OPS against the lists torch 2.13 registers for CPU and CUDA autocast
     (ampteach.amp.cast_lists, which the course's tests check against torch's dispatcher). A wrong
     placement is explained by what torch.autocast did, not by naming the right category."""
-    from ampteach.amp.cast_lists import policy_of
-
-    answer = _answer(sort_into_cast_lists, CAST_LIST_OPS + CHALLENGE_OPS)
-    wrong = [f"{device:4s} {op}: {_why_wrong(op, device, answer[device][op], policy_of(op, device))}"
-             for device in ("cpu", "cuda") for op in CAST_LIST_OPS
-             if answer[device][op] != policy_of(op, device)]
-    if wrong:
-        raise CheckFailed(f"{len(wrong)} of {2 * len(CAST_LIST_OPS)} placements wrong:\n  " + "\n  ".join(wrong))
-    _passed("check_cast_lists", f"all {len(CAST_LIST_OPS)} observable ops placed as torch 2.13 places them, on CPU "
-            f"and on CUDA ({len(CHALLENGE_OPS)} more are graded by `ampteach grade`)")
+    run_judge("check_cast_lists", sort_into_cast_lists)
 
 
-def check_cast_lists_reasoned(sort_into_cast_lists: Callable[[], dict]) -> None:
+def check_cast_lists_reasoned(sort_into_cast_lists) -> None:
     """The CHALLENGE_OPS of the same answer, graded against torch 2.13's lists: ops you could not observe."""
-    from ampteach.amp.cast_lists import policy_of
-
-    answer = _answer(sort_into_cast_lists, CHALLENGE_OPS)
-    wrong = [f"{device} {op}" for device in ("cpu", "cuda") for op in CHALLENGE_OPS
-             if answer[device][op] != policy_of(op, device)]
-    if wrong:
-        raise CheckFailed(f"{len(wrong)} of {2 * len(CHALLENGE_OPS)} reasoned placements wrong: {', '.join(wrong)}")
-    _passed("check_cast_lists_reasoned", f"all {len(CHALLENGE_OPS)} reasoned ops placed as torch 2.13 places them")
+    run_judge("check_cast_lists_reasoned", sort_into_cast_lists)
