@@ -84,14 +84,20 @@ class Sandbox:
 
 
 def _python_roots() -> list[str]:
-    """The folders a Python process here needs to read: the interpreter, the standard library, the
-    packages (sys.path), and ampteach itself (a checkout, for an editable install)."""
+    """The folders a Python process here needs to read: the interpreter and the standard library (the prefixes),
+    the installed packages (site-packages), and ampteach itself (a checkout, for an editable install). Not the
+    other entries of sys.path: one of them is the folder the grader was started from."""
+    import site
+
     import ampteach
 
     roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
-             os.path.dirname(os.path.dirname(os.path.abspath(ampteach.__file__))) + os.sep + "ampteach"}
-    roots.update(p for p in sys.path if p and os.path.exists(p))
-    found = []
+             os.path.dirname(os.path.abspath(ampteach.__file__))}
+    roots.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
+    user = site.getusersitepackages() if hasattr(site, "getusersitepackages") else None
+    if user and user in sys.path:
+        roots.add(user)
+    found: list[str] = []
     for root in sorted({os.path.realpath(r) for r in roots} | {os.path.abspath(r) for r in roots}):
         if os.path.exists(root) and not any(root.startswith(other + os.sep) for other in found):
             found.append(root)
@@ -126,6 +132,7 @@ def _bwrap_args(env: dict[str, str], hidden: list[str]) -> list[str]:
     for folder in hidden:
         if os.path.isdir(folder):
             args += ["--tmpfs", folder, "--remount-ro", folder]
+    args += ["--remount-ro", "/"]      # the sandbox's own root too: only /tmp is writable
     args.append("--clearenv")
     for key, value in env.items():
         args += ["--setenv", key, value]

@@ -40,6 +40,18 @@ def caller_namespace(depth: int = 2) -> dict:
     return {}
 
 
+def _namespace_of(objects: dict[str, Any]) -> dict | None:
+    """The notebook's namespace a learner's function or class lives in (its __globals__), if it has one."""
+    for value in objects.values():
+        functions = [value] if callable(value) and hasattr(value, "__globals__") else \
+            [v for v in vars(value).values() if hasattr(v, "__globals__")] if isinstance(value, type) else []
+        for fn in functions:
+            namespace = getattr(fn, "__globals__", None)
+            if isinstance(namespace, dict) and namespace.get("__name__") == "__main__":
+                return namespace
+    return None
+
+
 def _environment() -> dict:
     """The judge imports the same ampteach as this kernel (a checkout without an install included)."""
     env = dict(os.environ)
@@ -53,7 +65,8 @@ def run_judge(name: str, *args: Any, **kwargs: Any) -> None:
     """Judge check `name` on the learner's objects (see the module docstring)."""
     objects = {f"arg{i}": value for i, value in enumerate(args)}
     objects.update({f"kw:{key}": value for key, value in kwargs.items()})
-    driver = Driver(objects, caller_namespace(3))
+    namespace = _namespace_of(objects)
+    driver = Driver(objects, namespace if namespace is not None else caller_namespace(3))
     with tempfile.TemporaryFile() as log:
         judge = subprocess.Popen([sys.executable, "-m", JUDGE_MODULE, name, *objects], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=log, env=_environment())
