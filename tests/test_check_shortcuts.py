@@ -2,8 +2,9 @@
 check with a message that says what the exercise asks instead, and the worked solution still passes.
 
 Each answer runs as a learner's notebook would run it: its cells executed in a `__main__` namespace
-whose `In` list is the cells' history, as IPython keeps it. One submission is graded end to end in a
-real kernel (`ampteach grade`), where the checks' watch on autocast starts by itself.
+whose `In` list is the cells' history, as IPython keeps it; each check then starts its judge in another
+process, as in a notebook. One submission is graded end to end (`ampteach grade`), where the sandbox
+refuses an autocast region the notebook's own code enters, however it was reached.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from ampteach.grading.checks import (
     check_transformer_dtypes,
     observe_autocast,
 )
-from ampteach.grading.checks import transformer_dtypes as dtypes_check
 
 ROOT = Path(__file__).parents[1]
 
@@ -199,14 +199,6 @@ def test_build_4_refuses_the_librarys_tables_and_torchs_registrations(borrowed, 
 
 # --- predicting the dtypes through a Transformer layer ----------------------------------------------------
 
-@pytest.fixture
-def watched():
-    """The watch a Jupyter kernel starts when the notebook imports the checks (pytest is not a kernel)."""
-    dtypes_check.start_watch()
-    yield
-    dtypes_check.stop_watch()
-
-
 def dtypes_notebook(*extra: str) -> dict:
     """The exercise's first cell, the learner's extra cells, then the worked predictions."""
     first = next(c.source for c in solution("predict_transformer_dtypes").cells if c.get("id") == "83d02fb1")
@@ -215,34 +207,34 @@ def dtypes_notebook(*extra: str) -> dict:
                     check_transformer_dtypes=check_transformer_dtypes, check_pre_norm_output=check_pre_norm_output)
 
 
-def test_predicted_dtypes_pass_under_the_watch(watched):
+def test_predicted_dtypes_pass():
     namespace = dtypes_notebook()
     run_check(namespace, "check_transformer_dtypes(predicted)")
     run_check(namespace, "check_pre_norm_output(pre_norm_output)")
 
 
-@pytest.mark.parametrize("learner_cell, named", [
-    ("x = torch.randn(2, 5, 16)\nwith torch.autocast('cpu'):\n    layer(x)", "ran code under torch.autocast"),
-    ("region = getattr(torch, 'auto' + 'cast')\n"     # no name to read in the cell: the run itself is seen
-     "def look():\n    with region('cpu'):\n        return layer(torch.randn(2, 5, 16)).dtype\nlook()",
-     "ran code under torch.autocast"),
-    ("import ampteach\nwith ampteach.autocast('cpu'):\n    layer(torch.randn(2, 5, 16))",
-     "ran code under ampteach.autocast"),
-    ("from ampteach.grading.checks.transformer_dtypes import measure", "`transformer_dtypes` in cell In[2]"),
+@pytest.mark.parametrize("learner_cell", [
+    "x = torch.randn(2, 5, 16)\nwith torch.autocast('cpu'):\n    layer(x)",
+    "import ampteach\nwith ampteach.autocast('cpu'):\n    layer(torch.randn(2, 5, 16))",
 ])
-def test_a_layer_run_under_autocast_is_refused_by_both_dtype_checks(watched, learner_cell, named):
+def test_a_layer_run_under_autocast_is_refused_by_both_dtype_checks(learner_cell):
     namespace = dtypes_notebook(learner_cell)
     for call in ("check_transformer_dtypes(predicted)", "check_pre_norm_output(pre_norm_output)"):
         with pytest.raises(CheckFailed) as failure:
             run_check(namespace, call)
         message = str(failure.value)
-        assert named in message and "predict the dtypes" in message, message
+        assert "`autocast` in cell In[2]" in message and "predict the dtypes" in message, message
+
+
+def test_the_checks_own_measurement_is_not_in_the_learners_reach():
+    with pytest.raises(ImportError):
+        dtypes_notebook("from ampteach.grading.checks.transformer_dtypes import measure")
 
 
 @pytest.mark.slow
 def test_a_notebook_that_reads_the_dtypes_off_a_run_fails_grading_in_a_real_kernel(tmp_path):
-    """The watch starts by itself in a kernel: a hooked layer run under an autocast reached through
-    getattr (no name in any cell) fails both checks; the worked answers in the table do not save it."""
+    """Under grading, a hooked layer run under an autocast reached without its name (a region taken from torch's
+    namespace by a loop over its names) is refused by the sandbox as it runs; the worked answers do not save it."""
     from ampteach.grading import exercises
     from ampteach.grading.grade import format_grade, grade_notebook
 
@@ -253,13 +245,27 @@ def test_a_notebook_that_reads_the_dtypes_off_a_run_fails_grading_in_a_real_kern
             cell.source = worked("predict_transformer_dtypes", cell.id)
     peek = nbformat.v4.new_code_cell(
         "seen = {}\nlayer.linear1.register_forward_hook(lambda m, i, o: seen.setdefault('linear1', o.dtype))\n"
-        "with getattr(torch, 'auto' + 'cast')('cpu'):\n    layer(torch.randn(2, 5, 16))\nprint(seen)")
+        "region = [v for k, v in torch.__dict__.items() if k.startswith('auto') and k.endswith('cast')][0]\n"
+        "with region('cpu'):\n    layer(torch.randn(2, 5, 16))\nprint(seen)")
     nb.cells.insert(2, peek)
     nbformat.write(nb, tmp_path / "predict_transformer_dtypes.ipynb")
     sub = grade_notebook(tmp_path / "predict_transformer_dtypes.ipynb", timeout=120)
     report = format_grade(sub)
     assert sub.total == 2 and sub.passed == 0, report
-    assert all("ran code under torch.autocast" in c.message for c in sub.checks), report
+    assert all("__dict__" in c.message for c in sub.checks), report     # the grader read the cell first
+    from ampteach.grading import autograde
+    from ampteach.grading.judges import scan
+
+    original = scan.forbidden
+    try:                                                                 # and without that reading, the sandbox
+        scan.forbidden = lambda sources: []                              # refuses the region as it runs
+        sub = grade_notebook(tmp_path / "predict_transformer_dtypes.ipynb", timeout=120)
+    finally:
+        scan.forbidden = original
+    del autograde
+    report = format_grade(sub)
+    assert sub.total == 2 and sub.passed == 0, report
+    assert any("predict the dtypes" in n for n in sub.notes + [c.message for c in sub.checks]), report
 
 
 # --- E.6.1: is measure measuring what it says? ----------------------------------------------------------
@@ -275,7 +281,7 @@ def e6_1() -> dict:
 def variant(e6_1: dict, old: str, new: str):
     source = worked("e6_1_amp_throughput", "d3b55342")
     assert old in source, old
-    namespace = dict(e6_1)
+    namespace = dict(e6_1, In=list(e6_1["In"]) + [source.replace(old, new)])
     exec(source.replace(old, new), namespace)
     return namespace["measure"]
 
@@ -300,9 +306,9 @@ def test_e6_1_implausible_timing_and_memory_are_named(e6_1, old, new, named):
 
 
 def test_e6_1_a_cuda_peak_below_the_weights_is_named():
-    from ampteach.grading.checks.amp_throughput import _plausible_memory
+    from ampteach.grading.judges.amp_throughput import _plausible_memory
 
-    weights = [torch.zeros(256, 784), torch.zeros(256)]
+    weights = [((256, 784), 4), ((256,), 4)]
     assert _plausible_memory(4 * (256 * 784 + 256), weights, cuda=True) is None
     assert "less than the model's own parameters" in _plausible_memory(4 * 256 * 784 - 1, weights, cuda=True)
 

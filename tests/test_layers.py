@@ -104,6 +104,27 @@ def test_the_amp_rebuild_imports_torch_only():
         "\n".join(wrong)
 
 
+def test_the_learners_side_of_grading_never_imports_the_judges_side():
+    """ampteach.grading.checks runs in the learner's kernel and in the grading sandbox: it must not import the judges
+    (reference answers, hidden cases), nor the grader (grade, autograde, the sandbox, the exports), which hold them
+    or run them. The judges may import the learner's side (its plans and watches); never the other way."""
+    wrong = []
+    for name in MODULES:
+        if not name.startswith("ampteach.grading.checks"):
+            continue
+        for target, line in imports_of(name):
+            if target.startswith("ampteach.grading") and not target.startswith("ampteach.grading.checks") \
+                    and target != "ampteach.grading":
+                wrong.append(f"{name}:{line} imports {target}")
+    assert not wrong, "the learner's side imports the grader's side:\n" + "\n".join(wrong)
+
+
+def test_the_judges_are_hidden_from_the_grading_sandbox():
+    from ampteach.grading.sandbox import hidden_folders
+
+    assert str(PACKAGE / "grading" / "judges") in [str(Path(f)) for f in hidden_folders()]
+
+
 def find_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """Each cycle a depth-first search meets, as [a, b, ..., a]."""
     state: dict[str, int] = {}

@@ -250,13 +250,11 @@ def attacks() -> dict[str, tuple[nbformat.NotebookNode, str]]:
     return found
 
 
-def package_digest() -> str:
-    """A hash of every file of the installed ampteach package (its code and its data)."""
+def package_digest() -> dict[str, str]:
+    """A hash of every file of the installed ampteach package (its code and its data), by path."""
     root = Path(ampteach.__file__).parent
-    digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
+    return {str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)}
 
 
 @pytest.fixture(scope="module")
@@ -317,7 +315,9 @@ def test_an_attacker_who_handed_in_one_exercise_is_not_complete(graded):
 
 def test_the_installed_package_is_byte_identical_after_grading(graded):
     _, run, before, _ = graded
-    assert package_digest() == before, "grading changed the installed package"
+    after = package_digest()
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"grading changed the installed package: {changed}"
     assert "install_poison" in run.stdout
 
 

@@ -19,7 +19,7 @@ from ampteach.grading.checks import (
     check_keep_decay,
     check_keep_decay_hidden,
 )
-from ampteach.grading.checks.fp16_attention import hidden_cases, visible_cases
+from ampteach.grading.judges.fp16_attention import hidden_cases, visible_cases
 
 # --- fix_fp16_attention --------------------------------------------------------------------------------
 
@@ -94,10 +94,10 @@ def test_correct_attention_passes_visible_and_hidden_checks(answer, capsys):
 
 @pytest.mark.parametrize("answer, check, reason", [
     (naive, check_fp16_attention, "not finite.*where does 1/√d go"),
-    (naive, check_fp16_attention_hidden, "not finite.*see nothing came out NaN"),
+    (naive, check_fp16_attention_hidden, "not finite"),
     (upcast, check_fp16_attention, "ran on float32"),
     (sdpa, check_fp16_attention, "scaled_dot_product_attention"),
-    (fill_dtype_min, check_fp16_attention_hidden, "should give zeros"),
+    (fill_dtype_min, check_fp16_attention, "should give zeros"),   # the visible check states every requirement
     (wrong_axis, check_fp16_attention, "relative error"),
 ], ids=lambda x: getattr(x, "__name__", str(x))[:30])
 def test_broken_attention_fails_for_its_reason(answer, check, reason):
@@ -105,14 +105,19 @@ def test_broken_attention_fails_for_its_reason(answer, check, reason):
         check(answer)
 
 
-def test_the_outlier_cases_overflow_q_kT_but_their_scaled_scores_fit():
-    for name, (q, k, _), _ in visible_cases()[1:] + hidden_cases()[1:]:
+@pytest.mark.parametrize("seed", range(12))
+def test_the_outlier_cases_overflow_q_kT_but_their_scaled_scores_fit(seed):
+    """The visible cases, and the hidden ones as the grader draws them (twelve draws): naive overflows, scaled fits."""
+    import random
+
+    hidden = hidden_cases(random.Random(seed))
+    for name, (q, k, _), _ in visible_cases()[1:] + hidden[1:]:
         scores = q.double() @ k.double().transpose(-2, -1)
         assert scores.abs().max() >= 65520 * 1.1, name                         # the naive order overflows fp16
         assert scores.abs().max() / math.sqrt(q.size(-1)) <= 65504 / 1.1, name  # scaling first fits
-    name, (q, k, _), mask = hidden_cases()[0]
-    blind = ~mask.any(-1).expand(q.shape[:-1])
-    assert blind.any() and ((q.double() @ k.double().transpose(-2, -1)) / 8)[blind].max() < -16, name
+    for name, (q, k, _), mask in (hidden[0], visible_cases()[3]):
+        blind = ~mask.any(-1).expand(q.shape[:-1])
+        assert blind.any(), name
 
 
 # --- fix_bf16_weight_decay -------------------------------------------------------------------------------

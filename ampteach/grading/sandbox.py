@@ -89,10 +89,8 @@ def _python_roots() -> list[str]:
     other entries of sys.path: one of them is the folder the grader was started from."""
     import site
 
-    import ampteach
-
-    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
-             os.path.dirname(os.path.abspath(ampteach.__file__))}
+    package = str(Path(__file__).resolve().parents[1])      # ampteach/: a checkout's, for an editable install
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)), package}
     roots.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
     user = site.getusersitepackages() if hasattr(site, "getusersitepackages") else None
     if user and user in sys.path:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 from ampteach.grading.checks import wire
@@ -42,7 +43,7 @@ class Session:
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
                "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/matplotlib", "PYTHONDONTWRITEBYTECODE": "1",
                "OMP_NUM_THREADS": str(threads), "AMPTEACH_GRADE_THREADS": str(threads), "AMPTEACH_GRADING": "1",
-               "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__import__("ampteach").__file__)))}
+               "PYTHONPATH": str(Path(__file__).resolve().parents[2])}     # the folder that holds ampteach/
         if os.environ.get("AMPTEACH_DATA"):
             env["AMPTEACH_DATA"] = os.path.realpath(os.environ["AMPTEACH_DATA"])
         if not sandbox.isolated:       # a plain subprocess: its own temporary folder as home and /tmp

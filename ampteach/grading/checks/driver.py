@@ -2,8 +2,7 @@
 
     # in a learner's kernel, inside check_round_to_bf16(round_to_bf16) (see checks/visible.py):
     Driver({"arg0": round_to_bf16}, namespace=notebook_globals).serve(judge.stdout, judge.stdin)
-    # in the sandbox `ampteach grade` starts (`python -m ampteach.grading.checks EXERCISE`):
-    main()    # runs the notebook's cells and the judge's requests, sealed (checks/guard.py)
+    # in the sandbox `ampteach grade` starts: `python -m ampteach.grading.checks EXERCISE` (checks/__main__.py)
 
 A check's verdict is never decided here: the judge (ampteach.grading.judges, another process) sends
 requests and decides. The driver only answers them:
@@ -33,7 +32,7 @@ from typing import Any, Callable, ContextManager
 from ampteach.grading.checks import wire
 from ampteach.grading.checks.common import CheckFailed
 
-__all__ = ["PLANS", "WATCHES", "plan", "watch", "Driver", "Watchdog", "main"]
+__all__ = ["PLANS", "WATCHES", "plan", "watch", "Driver", "Watchdog", "quiet_streams", "grading_shell"]
 
 PLANS: dict[str, Callable[..., Any]] = {}
 WATCHES: dict[str, Callable[[str], ContextManager]] = {}
@@ -237,7 +236,7 @@ def _learner_traceback(exc: BaseException) -> str:
 
 # --- the sandbox's entry point ---------------------------------------------------------------------------
 
-def _quiet_streams() -> tuple:
+def quiet_streams() -> tuple:
     """The protocol keeps the process's stdin/stdout; the notebook's prints go to a file in its own /tmp."""
     proto_in = os.fdopen(os.dup(0), "rb")
     proto_out = os.fdopen(os.dup(1), "wb")
@@ -253,7 +252,7 @@ def _quiet_streams() -> tuple:
     return proto_in, proto_out
 
 
-def _shell():
+def grading_shell():
     from IPython.core.interactiveshell import InteractiveShell
     from traitlets.config import Config
 
@@ -263,44 +262,3 @@ def _shell():
     shell.showtraceback = lambda *args, **kwargs: None
     shell.showsyntaxerror = lambda *args, **kwargs: None
     return shell
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run as `python -m ampteach.grading.checks EXERCISE` by the grader, inside its sandbox."""
-    argv = sys.argv[1:] if argv is None else argv
-    exercise = argv[0] if argv else ""
-    proto_in, proto_out = _quiet_streams()
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    import matplotlib
-    import matplotlib.pyplot  # noqa: F401  (its font cache is built now, before the guard refuses subprocesses)
-    import numpy  # noqa: F401
-    import torch
-
-    import ampteach  # noqa: F401
-    from ampteach.grading import checks
-    from ampteach.grading.checks import guard
-    from ampteach.grading.checks.watches import PROFILER
-
-    try:
-        import tqdm
-        tqdm.tqdm.monitor_interval = 0                # tqdm's monitor is a thread
-    except ImportError:
-        pass
-    matplotlib.use("Agg")
-    torch.set_num_threads(int(os.environ.get("AMPTEACH_GRADE_THREADS", "1")))
-    shell = _shell()
-    watchdog = Watchdog()
-    sealed = checks.sealed_watch(exercise)
-    if sealed is not None:
-        PROFILER.push(sealed)
-    guard.seal(PROFILER.reinstall)
-    PROFILER.seal()
-    wire.send(proto_out, {"op": "ready", "python": sys.version.split()[0], "torch": torch.__version__,
-                          "exercise": exercise})
-    driver = Driver(namespace=shell.user_ns, shell=shell, watchdog=watchdog, sealed=sealed)
-    try:
-        driver.serve(proto_in, proto_out)
-    except (EOFError, wire.WireError):
-        pass
-    os._exit(0)   # skip interpreter teardown: nothing of the notebook's runs after the grader is done
-

@@ -63,8 +63,8 @@ def is_learner_code(code) -> bool:
 def _trusted_paths() -> tuple[str, ...]:
     import torch
 
-    import ampteach
-    roots = {os.path.dirname(ampteach.__file__), os.path.dirname(torch.__file__), os.path.dirname(os.__file__)}
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # ampteach/
+    roots = {package, os.path.dirname(torch.__file__), os.path.dirname(os.__file__)}
     return tuple(os.path.realpath(r) + os.sep for r in roots)
 
 
@@ -92,12 +92,16 @@ def _note(what: str) -> None:
 
 
 def _imported(frame) -> bool:
-    """Whether a compile() of a library file comes from Python's import system reading that file (frames
-    named source_to_code and get_code in importlib's frozen bootstrap, a file name no other code can take)."""
-    frozen = "<frozen importlib._bootstrap_external>"
-    return (frame is not None and frame.f_code.co_name == "source_to_code" and frame.f_code.co_filename == frozen
+    """Whether a compile() of a library file comes from Python's import system reading that file: frames named
+    source_to_code then get_code in importlib's frozen bootstrap (file names no other code can take), past
+    _call_with_frames_removed."""
+    frozen = ("<frozen importlib._bootstrap_external>", "<frozen importlib._bootstrap>")
+    while frame is not None and frame.f_code.co_name == "_call_with_frames_removed" and \
+            frame.f_code.co_filename in frozen:
+        frame = frame.f_back
+    return (frame is not None and frame.f_code.co_name == "source_to_code" and frame.f_code.co_filename in frozen
             and frame.f_back is not None and frame.f_back.f_code.co_name == "get_code"
-            and frame.f_back.f_code.co_filename == frozen)
+            and frame.f_back.f_code.co_filename in frozen)
 
 
 def seal(reinstall: Callable[[], None] | None = None) -> None:

@@ -108,7 +108,7 @@ def visible_cases(seed: int = 0) -> list[Case]:
         ("small activations, causal mask", attention_case(seed=seed + 1), _causal(16)),
         ("outlier features of size 200, causal mask", attention_case(outlier=200.0, seed=seed + 2), _causal(16)),
         ("outlier features of size 250, no mask", attention_case(outlier=250.0, seed=seed + 3), None),
-        ("two padding tokens: queries the mask lets see nothing", attention_case(outlier=100.0, seed=seed + 8),
+        ("two padding tokens: queries the mask lets see nothing", attention_case(outlier=220.0, seed=seed + 8),
          _padded(16, 2)),
     ]
 

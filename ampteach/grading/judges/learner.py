@@ -124,7 +124,7 @@ class Learner:
         numbers code cells), a kernel from its In list (In[n]); cells the course wrote, unchanged, are left out."""
         if self._sources is None:
             history = self._ask({"op": "sources"})
-            self._sources = [(f"In[{n}]", s) for n, s in enumerate(history) if isinstance(s, str) and s.strip()]
+            self._sources = [(f"cell In[{n}]", s) for n, s in enumerate(history) if isinstance(s, str) and s.strip()]
         from ampteach.grading.exercises import code_fingerprint
         return [(label, s) for label, s in self._sources if code_fingerprint(s) not in self.course_cells]
 
