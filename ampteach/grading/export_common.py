@@ -39,7 +39,7 @@ from ampteach.grading.exercises import (
 )
 
 __all__ = ["POINTS_PER_CHECK", "ExportError", "Part", "check_preamble", "default_solutions", "free_names",
-           "read_parts", "solution_paths", "worked_code"]
+           "read_parts", "solution_paths", "worked_code", "without_check_imports"]
 
 POINTS_PER_CHECK = 1      # every check cell, hidden ones included: `ampteach grade` scores checks passed / checks
 ROLES = ("solution", "answer", "check", "hidden-check", "given")
@@ -118,6 +118,13 @@ def read_parts(path: Path) -> list[Part]:
             role = "given"
         parts.append(Part(cell, role, learner, functions, POINTS_PER_CHECK if functions else 0))
     return parts
+
+
+def without_check_imports(source: str) -> str:
+    """A check cell's code without its own `from ampteach.grading.checks import check_...` lines: the exports put
+    check_preamble in their place, so each check is defined once."""
+    return "\n".join(line for line in source.splitlines()
+                     if not line.strip().startswith("from ampteach.grading.checks import check_"))
 
 
 def check_preamble(functions: list[str]) -> str:

@@ -34,6 +34,7 @@ from ampteach.grading.export_common import (
     default_solutions,
     read_parts,
     solution_paths,
+    without_check_imports,
 )
 
 __all__ = ["CELL_TIMEOUT", "HIDDEN_NOTE", "NBGRADER_CONFIG", "export_nbgrader", "nbgrader_notebook"]
@@ -84,7 +85,7 @@ def _check_source(part: Part) -> str:
     if part.role == "hidden-check":
         lines.append(HIDDEN_NOTE)
     placed = False
-    for line in part.cell.source.splitlines():
+    for line in without_check_imports(part.cell.source).splitlines():
         marker = line.strip()
         if marker in HIDDEN:
             indent = re.match(r"\s*", line).group(0)

@@ -34,6 +34,7 @@ from ampteach.grading.export_common import (
     free_names,
     read_parts,
     solution_paths,
+    without_check_imports,
     worked_code,
 )
 
@@ -82,7 +83,7 @@ def otter_test(part: Part, where: str, name: str | None = None, hidden: bool | N
 
         otter_test(part, "build_2, cell 5992be90")   # 'def test_check_loss_scale_update(update_scale): ...'
     """
-    body = part.hidden_source if source is None else source
+    body = without_check_imports(part.hidden_source if source is None else source)
     hidden = part.role == "hidden-check" if hidden is None else hidden
     if re.search(r"^\s*(global|nonlocal)\b", body, re.M):
         raise ExportError(f"{where}: a check cell with a global statement cannot run inside an Otter test")
