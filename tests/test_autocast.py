@@ -15,6 +15,7 @@ tests/test_autocast_compile.py.
 from __future__ import annotations
 
 import copy
+import pickle
 import sys
 import threading
 import warnings
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import clear_autocast_cache as bound_clear_autocast_cache  # torch's function, as a user takes it
 from torch import nn
 
 import ampteach
@@ -174,7 +176,7 @@ def test_after_an_ampteach_region_torch_regions_run_ampteachs_kernels_and_nothin
         with autocast("cpu"):
             assert (a @ a).dtype == BF16
     assert AUTOCAST_KERNELS._library is library
-    assert torch.clear_autocast_cache is autocast_cache.clear_autocast_cache   # empties both caches
+    assert torch.clear_autocast_cache is torch._C.clear_autocast_cache   # torch's own: nothing of torch's replaced
     uninstall()
     assert kernel_at_autocast_cpu("mm") == "torch" and torch.clear_autocast_cache is torch._C.clear_autocast_cache
 
@@ -895,6 +897,54 @@ def test_a_torch_region_in_another_thread_is_served_with_torchs_casts_while_an_a
     assert same(out["value"], expected)
 
 
+REGION_COPIES = {
+    "copy.copy": copy.copy,
+    "copy.deepcopy": copy.deepcopy,
+    "pickle round trip": lambda region: pickle.loads(pickle.dumps(region)),
+    "deepcopy of a module holding it": lambda region: copy.deepcopy(holder(region)).region,
+}
+
+
+def holder(region) -> nn.Module:
+    """A module that keeps a region (an EMA or a wrapper copies such a module with copy.deepcopy)."""
+    module = nn.Linear(4, 4)
+    module.region = region
+    return module
+
+
+@pytest.mark.parametrize("how", sorted(REGION_COPIES))
+@pytest.mark.parametrize("region", ["torch", "ampteach"])
+def test_a_region_copies_and_pickles_and_the_copy_casts_as_the_original(region, how):
+    make = torch.autocast if region == "torch" else autocast
+    original = make("cpu", dtype=FP16, cache_enabled=False)
+    duplicate = REGION_COPIES[how](original)
+    assert type(duplicate) is type(original) and duplicate is not original
+    assert (duplicate.device, duplicate.fast_dtype, duplicate._enabled, duplicate._cache_enabled) == \
+        ("cpu", FP16, True, False)
+    a = torch.rand(4, 4)
+    with duplicate:
+        assert (a @ a).dtype == FP16 and not torch.is_autocast_cache_enabled()
+    assert not torch.is_autocast_enabled("cpu")
+
+
+@pytest.mark.parametrize("region", ["torch", "ampteach"])
+def test_a_subclass_with_its_own_init_works_as_torch_cpu_amp_autocast_does(region):
+    """torch.cpu.amp.autocast's pattern: __init__ without device_type, passing "cpu" to the base class."""
+    base = torch.autocast if region == "torch" else autocast
+
+    class CPUAutocast(base):
+        def __init__(self, enabled=True, dtype=BF16, cache_enabled=True):
+            super().__init__("cpu", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    a = torch.rand(4, 4)
+    with CPUAutocast(dtype=FP16):
+        assert (a @ a).dtype == FP16
+    with CPUAutocast(enabled=False):
+        assert (a @ a).dtype == FP32
+    assert (CPUAutocast()(lambda: a @ a))().dtype == BF16
+    assert copy.deepcopy(CPUAutocast(dtype=FP16)).fast_dtype == FP16
+
+
 # ---------------------------------------------------------------------------------------------------
 # (5) the weight-cast cache, records, custom_fwd / custom_bwd
 
@@ -1052,6 +1102,8 @@ def test_mixed_regions_share_one_cache_emptied_when_the_outermost_region_of_eith
     results = []
     for inner_region in (TorchAutocast, autocast):
         p = nn.Parameter(w.clone())
+        if inner_region is autocast:
+            install()      # (else the ampteach region, inside a region begun on torch's kernels, runs on them)
         with inner_region("cpu") if inner_region is TorchAutocast else torch.autocast("cpu"):
             with autocast("cpu") if inner_region is autocast else torch.autocast("cpu"):
                 inner = F.linear(x, p)
@@ -1063,6 +1115,84 @@ def test_mixed_regions_share_one_cache_emptied_when_the_outermost_region_of_eith
         results.append((inner, outer, shared, p.grad))
     assert cached_casts() == 0
     assert same(results[0], results[1]) and results[1][2] is True
+
+
+CLEARS = {   # every way a user reaches torch's clear; none of them is ampteach's
+    "from torch import clear_autocast_cache": lambda: bound_clear_autocast_cache(),
+    "torch._C.clear_autocast_cache": lambda: torch._C.clear_autocast_cache(),
+    "torch.clear_autocast_cache": lambda: torch.clear_autocast_cache(),
+}
+
+
+@pytest.mark.parametrize("clear", sorted(CLEARS))
+@pytest.mark.parametrize("region", ["ampteach.autocast", "torch.autocast on ampteach's kernels"])
+def test_any_way_of_clearing_torchs_cache_clears_the_weight_cast_cache(region, clear):
+    """w.data.mul_(2), then torch's clear however it is reached: the weight is cast again, its output
+    doubles, in torch and in ampteach (whose cache is emptied with torch's, not by a function of its own)."""
+    torch.manual_seed(0)
+    w, x = torch.randn(8, 8), torch.randn(4, 8)
+
+    def run(p, make):
+        with make():
+            first = F.linear(x, p)
+            p.data.mul_(2)
+            CLEARS[clear]()
+            second = F.linear(x, p)
+        (first.float().sum() + second.float().sum()).backward()
+        return first, second, p.grad
+
+    theirs = run(nn.Parameter(w.clone()), lambda: TorchAutocast("cpu"))
+    install()
+    ours = run(nn.Parameter(w.clone()), lambda: autocast("cpu") if region == "ampteach.autocast"
+               else torch.autocast("cpu"))
+    assert same(theirs, ours) and torch.equal(ours[1], 2 * ours[0])    # cast again: no stale weight
+    assert torch.clear_autocast_cache is torch._C.clear_autocast_cache and cached_casts() == 0
+
+
+def test_the_weight_cast_cache_is_emptied_with_torchs_also_outside_any_region():
+    """ampteach's cache and torch's live and die together: a clear from any thread, at any nesting."""
+    install()
+    p, x = nn.Parameter(torch.rand(4, 4)), torch.rand(4, 4)
+    with autocast("cpu"):
+        p @ x
+        assert cached_casts() == 1 and autocast_cache.ARMED      # torch's cache holds the sentinel's cast
+        worker = threading.Thread(target=bound_clear_autocast_cache)
+        worker.start()
+        worker.join()
+        assert cached_casts() == 0 and not autocast_cache.ARMED
+        p @ x
+        assert cached_casts() == 1 and autocast_cache.ARMED
+    assert cached_casts() == 0
+
+
+@pytest.mark.parametrize("kernels", ["none registered yet", "registered"])
+def test_an_fp16_region_inside_a_bf16_torch_region_meets_torchs_cached_bf16_weight(kernels):
+    """torch.autocast(bf16) outside caches the bf16 weight; an fp16 region inside gets it and raises, in torch.
+    The same with an ampteach region inside, whether its kernels are registered already or not yet (then
+    it runs on torch's kernels, whose cached casts Python cannot read, until the outer region exits)."""
+    torch.manual_seed(0)
+    w, x = torch.randn(8, 8), torch.randn(4, 8)
+
+    def run(inner):
+        p = nn.Parameter(w.clone())
+        with torch.autocast("cpu", dtype=BF16):
+            F.linear(x, p)
+            with inner("cpu", dtype=FP16):
+                return F.linear(x, p)
+
+    uninstall()
+    theirs = outcome(lambda: run(torch.autocast))
+    assert isinstance(theirs, Raised) and "same dtype" in theirs
+    if kernels == "registered":
+        install()
+    else:
+        uninstall()
+    for _ in range(2):                                  # the first nesting and the second
+        assert outcome(lambda: run(autocast)) == theirs
+        assert installed() == (kernels == "registered")
+    with autocast("cpu"):                               # outside any region: the kernels are registered
+        assert installed()
+    assert outcome(lambda: run(autocast)) == theirs
 
 
 def test_records_name_each_listed_call():

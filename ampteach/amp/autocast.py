@@ -20,9 +20,15 @@ kernels (ampteach.amp.autocast_kernels), and every region sets torch's own autoc
 dtype, cache_enabled, nesting) exactly as torch.autocast does. So whatever in torch reads that state
 sees a region (checkpointing, custom_fwd, nn.LSTM, TorchScript), and C++ composites decompose into
 listed ops as under torch. The kernels stay: they serve torch.autocast regions too, exactly as
-torch's would, so mixing the two costs nothing. One weight-cast cache serves both, with torch's
-lifetime: while the kernels are registered, torch.clear_autocast_cache (which torch.autocast calls on
-exit) is ampteach's, emptying torch's cache and ampteach's (ampteach.amp.autocast_cache).
+torch's would, so mixing the two costs nothing. Their weight-cast cache lives as long as torch's:
+whatever empties torch's empties it (ampteach.amp.autocast_cache).
+
+When they are registered. By the first ampteach region entered outside any other region of its
+thread. A region entered inside a torch.autocast region that ran on torch's kernels runs on them
+too, as torch's inner region would: torch's kernels may have cached weight casts there, which Python
+cannot read, and kernels registered then would cast those weights again (an inner fp16 region would
+then run where torch's raises on the cached bf16 weight). A recording region (record=True) registers
+them at once, wherever it is: records are what it is for.
 
 Under torch.compile. Dynamo does not run a region's __enter__: it records torch.autocast's enter
 and exit in the graph (torch.amp._enter_autocast / _exit_autocast), which the backend replays, and
@@ -90,10 +96,11 @@ class autocast(torch.amp.autocast_mode.autocast):
             (without it, "cuda" without a GPU warns and disables the region, as in torch).
     """
 
-    def __new__(cls, device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
-                cache_enabled: bool | None = None, *, record: bool = False, fake_cuda: bool = False):
-        if torch.compiler.is_compiling():       # dynamo is tracing: hand it the torch.autocast it knows
-            return torch.amp.autocast_mode.autocast(device_type, dtype, enabled, cache_enabled)
+    def __new__(cls, *args, **kwargs):
+        """Any arguments, as torch.autocast's (object's) __new__: copy, deepcopy and pickle call it with none,
+        a subclass with its own __init__ (as torch.cpu.amp.autocast) with its own."""
+        if cls is autocast and torch.compiler.is_compiling():   # dynamo traces: hand it the torch.autocast it knows
+            return torch.amp.autocast_mode.autocast(*_torch_arguments(*args, **kwargs))
         return super().__new__(cls)
 
     def __init__(self, device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
@@ -138,8 +145,8 @@ class autocast(torch.amp.autocast_mode.autocast):
         except TypeError:
             _restore(device, before)
             raise
-        torch.autocast_increment_nesting()
-        kernels.ensure_installed()
+        if torch.autocast_increment_nesting() == 1 or self.record:   # not inside another region: see the docstring
+            kernels.ensure_installed()
         _regions.saved.append((self, before))
         if self.record:
             self.records = []
@@ -173,6 +180,12 @@ class autocast(torch.amp.autocast_mode.autocast):
 
         decorate_autocast.__script_unsupported = "@autocast() decorator is not supported in script mode"
         return decorate_autocast
+
+
+def _torch_arguments(device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
+                     cache_enabled: bool | None = None, *, record: bool = False, fake_cuda: bool = False) -> tuple:
+    """autocast's arguments -> torch.autocast's four (what dynamo gets in place of an ampteach region)."""
+    return device_type, dtype, enabled, cache_enabled
 
 
 @functools.lru_cache(maxsize=64)

@@ -3,31 +3,42 @@
     cast = caster("cpu")
     w16 = cast(weight, torch.bfloat16, cache_usable())   # an fp32 parameter: cast once per region, then reused
     cached_casts()                                       # 1
-    torch.clear_autocast_cache()                         # empties torch's cache and this one (while hooked)
+    torch.clear_autocast_cache()                         # empties torch's cache, and with it this one
 
 Per tensor t and target dtype: t unchanged if it is not floating, float64, on another device, or
 already the target; else t.to(dtype), where an fp32 leaf that requires grad (a parameter, not a view
 of one) is cast once and the cast reused while the cache lives (only when the target is the region's
 dtype and the region's cache_enabled is on, outside inference mode).
 
-One cache, process-wide as torch's, keyed by the tensor alone. It lives as long as torch's own: the
-exit of a thread's outermost autocast region (torch's or ampteach's) calls torch.clear_autocast_cache(),
-and so may a user. While ampteach's kernels are registered, that name is this module's
-clear_autocast_cache (hook_clear), which empties torch's cache and this one.
+One cache, process-wide as torch's, keyed by the tensor alone, and emptied whenever torch's C++ cache
+is: by the exit of a thread's outermost autocast region (torch's or ampteach's), and by any call of
+torch's clear, however it was reached (torch.clear_autocast_cache, torch._C.clear_autocast_cache, or
+the function taken by `from torch import clear_autocast_cache` before ampteach was imported).
+
+How torch's clear reaches this cache (Python can neither read torch's cache nor hook its C++ clear):
+while this cache holds a cast, torch's holds one too, a sentinel's. The sentinel is an fp32 tensor
+without data that claims to live on an XPU; torch's own C++ AutocastXPU kernel of mm casts it and
+keeps the cast (ampteach replaces only the CPU and CUDA kernels, and nothing is computed: the
+sentinel answers every op itself). Emptying torch's cache frees that cast, and a weak reference to
+it empties this cache (_torch_cache_emptied). The sentinel is put back by the next cast kept (arm),
+once per cache lifetime, about 6 microseconds; an op that finds its weight cached pays nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import weakref
 from typing import Callable
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
-__all__ = ["CACHE", "CONVERTERS", "cache_usable", "cached_cast", "cached_casts", "caster", "clear_autocast_cache",
-           "converter", "hook_clear", "hooked", "lookup", "on_device", "unhook_clear"]
+__all__ = ["ARMED", "CACHE", "CONVERTERS", "arm", "cache_usable", "cached_cast", "cached_casts", "caster", "clear",
+           "converter", "lookup", "on_device"]
 
 _F32, _F64 = torch.float32, torch.float64
 _cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(fp32 leaf) -> (leaf, cast): process-wide, as torch's
-_torch_clear_autocast_cache = torch._C.clear_autocast_cache
 _is_cached = torch._C._is_cached_tensor
 CACHE = _cache           # the generated kernels' handle on it (ampteach.amp.autocast_fast): _cache is never rebound
 lookup = _cache.get      # id(t) -> (t, cast) or None: how the kernels look a weight up
@@ -40,9 +51,8 @@ def cached_casts() -> int:
     return len(_cache)
 
 
-def clear_autocast_cache() -> None:
-    """torch.clear_autocast_cache while hooked: empties torch's cache and ampteach's."""
-    _torch_clear_autocast_cache()
+def clear() -> None:
+    """Empty this cache only (torch's stays as it is): what uninstalling the kernels does."""
     _cache.clear()
 
 
@@ -51,24 +61,70 @@ def cache_usable() -> bool:
     return torch.is_autocast_cache_enabled() and not torch.is_inference_mode_enabled()
 
 
-def hook_clear() -> None:
-    """Make torch.clear_autocast_cache (what torch.autocast.__exit__ calls, by that name) empty both caches.
+# ---------------------------------------------------------------------------------------------------
+# The sentinel in torch's cache: its cast lives exactly as long as torch's cache is not emptied
 
-    Only in place of torch's own function: one replaced by something else (a test's mock) is left alone.
+ARMED: list[weakref.ref] = []    # a weak reference to the sentinel's cast while torch's cache holds it
+_XPU = "xpu"                      # a device whose autocast kernels ampteach leaves to torch (no XPU needed)
+_Keys, _Key = torch._C.DispatchKeySet, torch._C.DispatchKey
+_SENTINEL_KEYS = (_Keys(_Key.Undefined),          # the thread's keys while arming: none included, and autograd
+                  _Keys(_Key.AutogradXPU) | _Keys(_Key.ADInplaceOrView))   # excluded (no grad node: no XPU needed)
+_arm_lock = threading.Lock()
+
+
+class _Sentinel(torch.Tensor):
+    """A tensor without data on the XPU device: it answers every op itself, and a cast to dtype with a new one."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def make(dtype: torch.dtype, requires_grad: bool = False) -> _Sentinel:
+        return torch.Tensor._make_wrapper_subclass(_Sentinel, (1, 1), dtype=dtype, device=_XPU,
+                                                   requires_grad=requires_grad)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.to.dtype:       # torch's cached_cast casting the sentinel: the cast it keeps
+            cast = _Sentinel.make(args[1])
+            _made.append(cast)
+            return cast
+        return args[0]                            # the op itself (mm): nothing to compute
+
+
+_LEAF = _Sentinel.make(torch.float32, requires_grad=True)   # torch caches casts of fp32 leaves that require grad
+_made: list[torch.Tensor] = []
+
+
+def arm() -> None:
+    """Put the sentinel's cast in torch's cache, unless it is there: call it after keeping a cast in this cache.
+
+    torch's own AutocastXPU kernel of mm runs on the sentinel, below every mode and above nothing but
+    the XPU autocast key (the thread's own autocast state is left as it is); it casts the sentinel
+    through torch's cache. When torch's cache is emptied, the cast is freed and this cache emptied.
     """
-    if torch.clear_autocast_cache is _torch_clear_autocast_cache:
-        torch.clear_autocast_cache = clear_autocast_cache
+    with _arm_lock:
+        if ARMED:
+            return
+        cache_on, dtype = torch.is_autocast_cache_enabled(), torch.get_autocast_dtype(_XPU)
+        try:
+            torch.set_autocast_cache_enabled(True)
+            if dtype not in (torch.float16, torch.bfloat16):
+                torch.set_autocast_dtype(_XPU, torch.float16)
+            with _disable_current_modes() if torch._C._len_torch_dispatch_stack() else contextlib.nullcontext(), \
+                    torch._C.DisableTorchFunction(), torch._C._ForceDispatchKeyGuard(*_SENTINEL_KEYS):
+                torch.mm(_LEAF, _LEAF)
+        finally:
+            torch.set_autocast_cache_enabled(cache_on)
+            torch.set_autocast_dtype(_XPU, dtype)
+        if _made:
+            ARMED.append(weakref.ref(_made.pop(), _torch_cache_emptied))
+            _made.clear()
 
 
-def unhook_clear() -> None:
-    """Give torch.clear_autocast_cache back to torch, and empty this cache."""
-    if torch.clear_autocast_cache is clear_autocast_cache:
-        torch.clear_autocast_cache = _torch_clear_autocast_cache
+def _torch_cache_emptied(_: weakref.ref) -> None:
+    """torch's cache was emptied (the sentinel's cast is freed): empty this one, and arm again at the next cast."""
+    ARMED.clear()     # first: a cast kept from now on arms again
     _cache.clear()
-
-
-def hooked() -> bool:
-    return torch.clear_autocast_cache is not _torch_clear_autocast_cache
 
 
 def on_device(device: str) -> Callable[[torch.Tensor], bool]:
@@ -95,6 +151,8 @@ def cached_cast(t: torch.Tensor, convert: Callable[[torch.Tensor], torch.Tensor]
         with torch.enable_grad():
             cast_t = convert(t)
     _cache[id(t)] = (t, cast_t)                  # holding t keeps its id from being reused while cached
+    if not ARMED:
+        arm()
     return cast_t
 
 

@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from ampteach.amp import autocast_schema as schema
-from ampteach.amp.autocast_cache import CACHE, CONVERTERS, cached_cast, converter, lookup
+from ampteach.amp.autocast_cache import ARMED, CACHE, CONVERTERS, arm, cached_cast, converter, lookup
 
 __all__ = ["fast_cast_kernel"]
 
@@ -61,6 +61,8 @@ _CAST = {   # one tensor argument {a}; {on_device} is the device test written ou
                 if hit is None and grad_on() and not {a}._is_view() and not is_cached({a}):
                     hit = CACHE[id({a})] = {a}, convert({a})     # first use in the region: cast and keep
                     {a} = hit[1]
+                    if not ARMED:                           # tie the cache to torch's (autocast_cache.arm)
+                        arm()
                 elif hit is not None and hit[0] is {a} and not is_cached({a}):
                     {a} = hit[1]
                 else:                                       # the rare cases: autocast_cache.cached_cast
@@ -115,6 +117,7 @@ def fast_cast_kernel(device: str, name: str, policy: str, order: list[schema.Slo
                      get_dtype=torch.get_autocast_dtype, cache_enabled=torch.is_autocast_cache_enabled,
                      inference=torch.is_inference_mode_enabled, grad_on=torch.is_grad_enabled,
                      CONVERT=CONVERTERS, converter=converter, to_float=CONVERTERS[_F32], CACHE=CACHE, lookup=lookup,
+                     ARMED=ARMED, arm=arm,
                      cached_cast=cached_cast, is_cached=torch._C._is_cached_tensor, key=_DEVICE_KEYS[device],
                      exclude=torch._C._dispatch_tls_set_dispatch_key_excluded, call=fn)
     exec(compile(source, f"<ampteach autocast kernel {device} {name}>", "exec"), namespace)

@@ -14,12 +14,13 @@ schema (ampteach.amp.autocast_schema); the ops that only cast get a kernel writt
 
 The kernels stay installed once registered, and they read only the autocast state torch keeps
 (enabled, dtype, cache_enabled, inference mode): so they serve a torch.autocast region exactly as
-torch's kernels would, and switching between the two implementations re-registers nothing. One
-weight-cast cache serves both, with torch's lifetime (ampteach.amp.autocast_cache).
+torch's kernels would, and switching between the two implementations re-registers nothing. Their
+weight-cast cache lives exactly as long as torch's (ampteach.amp.autocast_cache).
 
 Registering (about 250 kernels) changes the process-wide dispatch table: like any torch.library
-registration, it must not race with op calls in other threads. The first ampteach region installs;
-call install() yourself before starting threads that will run autocast regions.
+registration, it must not race with op calls in other threads. The first ampteach region entered
+outside any other region installs (ampteach.amp.autocast says why not inside one); call install()
+yourself before starting threads that will run autocast regions.
 """
 
 from __future__ import annotations
@@ -34,14 +35,7 @@ import torch
 
 from ampteach.amp import autocast_schema as schema
 from ampteach.amp import cast_lists
-from ampteach.amp.autocast_cache import (
-    cache_usable,
-    cached_casts,
-    caster,
-    hook_clear,
-    hooked,
-    unhook_clear,
-)
+from ampteach.amp.autocast_cache import cache_usable, cached_casts, caster, clear
 from ampteach.amp.autocast_cache import on_device as device_test
 from ampteach.amp.autocast_fast import fast_cast_kernel
 
@@ -339,15 +333,12 @@ def install() -> None:
                 for name, kernel in kernels[device].items():
                     register(name, key, kernel, False)
         _library = lib
-        hook_clear()
 
 
 def ensure_installed() -> None:
-    """install(); when installed, hook torch.clear_autocast_cache again if torch's own is back in its place."""
+    """install() unless installed: the cheap check a region makes on entry."""
     if _library is None:
         install()
-    elif not hooked():
-        hook_clear()
 
 
 def uninstall() -> None:
@@ -358,4 +349,4 @@ def uninstall() -> None:
             return
         _library._destroy()
         _library = None
-        unhook_clear()
+        clear()     # the weight casts ampteach's kernels kept (torch's own kernels keep theirs in torch's cache)
