@@ -373,7 +373,7 @@ def test_param_groups_accepts_a_plain_list_and_refuses_a_foreign_parameter():
     (group,) = master.param_groups(model.parameters())
     assert len(group["params"]) == len(master.params)
     assert all(a is b for a, b in zip(group["params"], master.params))
-    with pytest.raises(ValueError, match="not a trainable parameter"):
+    with pytest.raises(ValueError, match="not a parameter of the model"):
         master.param_groups([nn.Parameter(torch.ones(2))])
 
 

@@ -675,3 +675,87 @@ def test_new_scale_float_subclasses_and_tensors_are_accepted_like_torch():
 
     ours, ref = both(run)
     assert ours == ref == [3.0, 5.0, 7.0]
+
+
+# -- under torch.compile: dynamo traces neither scaler (issue 34) --------------------------------------------
+
+
+def compiled_training(cls, backend: str, whole_step: bool) -> tuple[list, list[str]]:
+    """Four bf16 steps (an inf gradient on the third), compiled: the whole step, or the optimizer half
+    (unscale_, clipping, step, update) with forward and backward eager. Returns (losses, scales, weights
+    after each step) and the warnings the run raised (category: message)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = cls("cpu", init_scale=2.0**8, growth_interval=2)
+    x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+
+    def forward():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return torch.nn.functional.cross_entropy(model(x), y)
+
+    def optimizer_half():
+        scaler.unscale_(opt)
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+
+    def whole(overflow: bool):
+        opt.zero_grad(set_to_none=True)
+        loss = forward()
+        scaler.scale(loss).backward()
+        if overflow:
+            model[0].weight.grad[0, 0] = INF
+        optimizer_half()
+        return loss.detach()
+
+    compiled_whole, compiled_half = torch.compile(whole, backend=backend), torch.compile(optimizer_half, backend=backend)
+    results = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always" if whole_step else "error")
+        for i in range(4):
+            if whole_step:
+                loss = compiled_whole(i == 2)
+            else:
+                opt.zero_grad(set_to_none=True)
+                loss = forward()
+                scaler.scale(loss).backward()
+                if i == 2:
+                    model[0].weight.grad[0, 0] = INF
+                compiled_half()
+            results.append((loss, scaler.get_scale(), [p.detach().clone() for p in model.parameters()]))
+    return results, sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+
+
+@pytest.fixture(scope="module")
+def torch_compile_imported():
+    """torch.compile's first use imports inductor, whose imports warn (torch.jit deprecations): done before."""
+    import torch._inductor.compile_fx  # noqa: F401
+
+
+def same_results(a, b) -> bool:
+    return len(a) == len(b) and all(
+        la.dtype == lb.dtype and bits(la) == bits(lb) and sa == sb and all(bits(p) == bits(q) for p, q in zip(pa, pb))
+        for (la, sa, pa), (lb, sb, pb) in zip(a, b))
+
+
+@pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_a_compiled_optimizer_step_raises_no_warning_and_matches_torch(backend, torch_compile_imported):
+    """With warnings as errors: dynamo skips torch's scaler (torch.amp is on its skip list) and runs ampteach's
+    methods eagerly too (torch.compiler.disable), so it never traces the unscale machinery's lru_caches."""
+    from ampteach.lab.autocast_compile import has_c_compiler
+    if backend == "inductor" and not has_c_compiler():
+        pytest.skip("inductor's CPU kernels need a C++ compiler")
+    (ours, our_warnings), (ref, ref_warnings) = both(lambda cls: compiled_training(cls, backend, whole_step=False))
+    assert our_warnings == ref_warnings == []
+    assert same_results(ours, ref) and ours[2][1] == ours[1][1] / 2     # the inf step backed the scale off
+
+
+def test_a_compiled_whole_step_warns_only_what_torch_warns(torch_compile_imported):
+    """Forward, backward, unscale_, clipping, step and update in one compiled function: the same warnings as
+    with torch's scaler (dynamo's own, about the non-leaf loss at each graph break), none from ampteach."""
+    (ours, our_warnings), (ref, ref_warnings) = both(lambda cls: compiled_training(cls, "eager", whole_step=True))
+    assert our_warnings == ref_warnings
+    assert not any("lru_cache" in w for w in our_warnings)
+    assert same_results(ours, ref)

@@ -186,7 +186,7 @@ def _judge_cell(session: Session, planned: _Planned, sources: list[tuple[str, st
     if rest.strip():
         result, message = session.run_cell(rest, timeout)
         if result != "passed":
-            return result, f"the check cell's own code ({rest.splitlines()[0][:60]}...): {message}"
+            return result, f"{message} (in the check cell's own code: {rest.splitlines()[0][:60]}...)"
     for name, args in calls:
         learner = Learner(lambda m: session.request(m, m.get("timeout")), fresh=True, sources=sources,
                           course_cells=copy.get("given", ()), timeout=timeout)
@@ -213,6 +213,7 @@ def autograde(nb: nbformat.NotebookNode, exercise: str, timeout: float,
                             tuple(p.check["functions"]) if p.check else ()) for p in code], notes + [message]
     outcomes: list[CellOutcome] = []
     lost: str | None = None
+    refused: str | None = None     # a cell did what the exercise refuses for the whole notebook
     try:
         session = Session(exercise, sandbox, timeout, total=(len(code) + 2) * (timeout + 60) + 300)
     except SessionLost as exc:
@@ -226,6 +227,11 @@ def autograde(nb: nbformat.NotebookNode, exercise: str, timeout: float,
             try:
                 if p.check is None:
                     result, message = session.run_cell(p.cell.source, timeout)
+                    if result == "refused":
+                        refused = refused or f"cell [{p.learner_position}]: {message}"
+                        result = "failed"
+                elif refused is not None:
+                    result, message = "failed", f"{refused} (a refusal in a cell before this check fails it)"
                 else:
                     result, message = _judge_cell(session, p, sources, copy, timeout)
             except SessionLost as exc:

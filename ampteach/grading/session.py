@@ -100,7 +100,8 @@ class Session:
         return self._next(limit + GRACE)
 
     def run_cell(self, source: str, timeout: float | None = None) -> tuple[str, str]:
-        """(result, message) of one of the notebook's cells: passed, failed (with the error), timeout."""
+        """(result, message) of one of the notebook's cells: passed, failed (with the error), timeout, or refused
+        (it did what the exercise refuses for the whole notebook: reading an answer off a run)."""
         limit = self.timeout if timeout is None else timeout
         reply = self.request({"op": "cell", "source": source}, limit)
         if not isinstance(reply, dict):
@@ -113,7 +114,7 @@ class Session:
                 return "failed", "NotImplementedError: not done yet (a `# YOUR CODE HERE` is still to write)"
             return "failed", str(error)
         if "failed" in reply:
-            return "failed", str(reply["failed"])
+            return ("refused" if reply.get("sealed") else "failed"), str(reply["failed"])
         return "passed", ""
 
     def stderr_tail(self, n: int = 2000) -> str:

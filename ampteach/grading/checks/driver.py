@@ -186,7 +186,7 @@ class Driver:
         sealed = getattr(self.sealed, "refused", None)
         if sealed:
             self.sealed.refused = None
-            return {"failed": sealed}
+            return {"failed": sealed, "sealed": True}    # a whole-notebook refusal: the grader fails the checks
         return reply
 
     def _raised(self, exc: BaseException) -> dict:
@@ -218,9 +218,9 @@ def _cell_sources(namespace: dict) -> list[str]:
     """The code of the cells this kernel ran: its In list, or, where cells ran without history (nbval runs them
     with store_history=False), the cells IPython keeps in linecache for tracebacks."""
     history = namespace.get("In", namespace.get("_ih"))
-    cells = [c for c in history if isinstance(c, str) and c.strip()] if isinstance(history, list) else []
-    if cells:
-        return cells
+    cells = [c if isinstance(c, str) else "" for c in history] if isinstance(history, list) else []
+    if any(c.strip() for c in cells):
+        return cells           # In[n] is cells[n]: the numbers JupyterLab shows
     import linecache
 
     return ["".join(entry[2]) for name, entry in list(linecache.cache.items())

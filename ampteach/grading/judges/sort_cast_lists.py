@@ -37,8 +37,8 @@ def _why_wrong(op: str, device: str, got: str | None, want: str | None) -> str:
 def _answer(learner: Learner, fn: Ref, ops: tuple[str, ...]) -> dict:
     from ampteach.amp.cast_lists import POLICIES
 
+    answer = learner.plan("sort_cast_lists.answer", {"sort_into_cast_lists": fn})   # refuses a notebook holding the key
     refuse_uses(learner, is_answer_key, BECAUSE)
-    answer = learner.plan("sort_cast_lists.answer", {"sort_into_cast_lists": fn})
     if not isinstance(answer, dict) or set(answer) != {"cpu", "cuda"} or \
             not all(isinstance(answer[d], dict) for d in answer):
         raise CheckFailed(f'expected a dict with keys "cpu" and "cuda", got {describe(answer)}')
