@@ -113,6 +113,11 @@ class Submission:
     def unreadable(self) -> bool:
         return any(c.result == "unreadable" for c in self.checks)
 
+    @property
+    def handed_in_nothing(self) -> bool:
+        """A row the grader added for an exercise of the course this learner did not hand in."""
+        return bool(self.checks) and all(c.check == "-" and c.result == "missing" for c in self.checks)
+
 
 def learner_of(path: Path) -> str:
     """Whose notebook this is, when nothing else says: the folder that holds it, or, for the exercises/ folder of
@@ -256,7 +261,8 @@ def summary_table(subs: list[Submission]) -> str:
         passed, total = sum(s.passed for s in own), sum(s.total for s in own)
         todo = _not_complete(own)
         score = f"{100 * passed / total:4.0f}%" if total else "   -"
-        lines.append(f"{name:<{name_width}}  {len(own):9d}  {passed:6d}  {total:6d}  {score}  {', '.join(todo) or '-'}")
+        handed = sum(not s.handed_in_nothing for s in own)
+        lines.append(f"{name:<{name_width}}  {handed:9d}  {passed:6d}  {total:6d}  {score}  {', '.join(todo) or '-'}")
     return "\n".join(lines)
 
 
@@ -271,7 +277,7 @@ def _not_complete(own: list[Submission]) -> list[str]:
     def why(s: Submission) -> str:
         if s.unreadable:
             return f"{s.path.name} (unreadable)"
-        if s.checks and all(c.check == "-" and c.result == "missing" for c in s.checks):
+        if s.handed_in_nothing:
             return f"{s.exercise} (not handed in)"
         return s.exercise
     return [why(s) for s in own if s.unreadable or s.passed < s.total or not s.total]
@@ -287,7 +293,7 @@ def gradebook_rows(subs: list[Submission]) -> list[dict]:
     for learner, own in _by_learner(subs).items():
         passed, total = sum(s.passed for s in own), sum(s.total for s in own)
         todo = _not_complete(own)
-        handed = [s for s in own if not all(c.check == "-" and c.result == "missing" for c in s.checks)]
+        handed = [s for s in own if not s.handed_in_nothing]
         copied = [s.exercise for s in own if s.copied]
         message = (f"{passed} of {total} checks passed in {len(handed)} notebook(s); "
                    + (f"not complete: {', '.join(todo)}" if todo else "all complete"))

@@ -129,10 +129,11 @@ def learner_training_step(*, cls: type) -> tuple:
 
 def check_autocast_mode(cls) -> None:
     """cls(device_type, dtype) is a TorchFunctionMode that casts each op's inputs by its cast list;
-    graded op by op against torch.autocast in CPU bf16/fp16 and CUDA fp16/bf16 regions."""
+    graded op by op against torch.autocast in CPU bf16/fp16 and CUDA fp16/bf16 regions (out= and in-place
+    calls among them), and by an MLP training step's loss and gradients, bit for bit."""
     run_judge("check_autocast_mode", cls)
 
 
 def check_autocast_mode_hidden(cls) -> None:
-    """More ops (out=, in-place, explicit dtypes, stacks of three) and a training step's gradients."""
+    """More ops of the same kinds (explicit dtypes, stacks of three, in-place and mixed calls)."""
     run_judge("check_autocast_mode_hidden", cls)

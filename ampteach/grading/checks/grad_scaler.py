@@ -103,11 +103,21 @@ def random_plan(name: str, settings: dict, n: int, seed: int, p_bad: float = 0.2
 
 
 def visible_plans(seed: int = 1) -> list[Plan]:
+    """Every kind of step the hidden plans draw, once: odd factors (1/3 is not exact in float32), two optimizers,
+    growth capped below inf, a float16 loss with the scale falling below 1, and 40 random steps."""
     return [
         Plan("grow every 2 clean steps, one overflow", dict(init_scale=8.0, growth_interval=2),
              [Step(), Step(), Step(), Step([(0, math.inf)]), Step(unscale_first=True), Step(), Step()]),
         random_plan("40 random steps (inf, -inf, NaN; unscale_ first on some)", dict(init_scale=2.0**16,
                     growth_interval=3), 40, seed=seed),
+        Plan("odd factors and scale (1/3 is not exact in float32)",
+             dict(init_scale=3.0, growth_factor=1.7, backoff_factor=0.35, growth_interval=2),
+             [Step(unscale_first=True), Step(), Step([(1, math.nan)]), Step(unscale_first=True), Step()]),
+        Plan("two optimizers: each skips on its own inf", dict(init_scale=2.0**10, growth_interval=2),
+             [Step([(2, math.inf)]), Step(), Step([(0, -math.inf)], unscale_first=True), Step()], two_optimizers=True),
+        Plan("growth every step, never to inf", dict(init_scale=2.0**126, growth_interval=1), [Step(), Step(), Step()]),
+        Plan("a float16 loss, scale falling below 1", dict(init_scale=4.0, growth_interval=50),
+             [Step([(0, math.inf)])] * 4 + [Step(unscale_first=True)], loss_dtype=torch.float16),
     ]
 
 

@@ -63,6 +63,8 @@ def check_decay_is_lost(learner: Learner, fn: Ref) -> str:
     settings = [(1e-3, 0.1), (3e-4, 0.01), (1e-2, 0.2), (1e-2, 0.3), (1e-2, 0.5), (0.1, 0.1)]
     for lr, wd in settings:
         _grade_lost(learner, fn, f"4,096 bf16 weights (std 0.02), lr = {lr:g}, weight_decay = {wd:g}", w, lr, wd)
+    _grade_lost(learner, fn, "bf16 zeros, subnormals, powers of two and the largest, lr·wd = 2^-9",
+                _special(torch.bfloat16), 2.0**-9, 1.0)
     return f"{len(settings)} settings of lr·wd from 3e-6 to 1e-2, weight by weight against torch.optim.AdamW"
 
 
@@ -104,7 +106,7 @@ def _grade_keeper(learner: Learner, cls: Ref, case: str, weights: list[torch.Ten
 def check_keep_decay(learner: Learner, cls: Ref) -> str:
     base = learner.seed(2)
     weights = [decay_weights(1024, seed=base), decay_weights(64 * 32, seed=base + 1).reshape(64, 32),
-               decay_weights(7, seed=base + 2)]
+               torch.cat([decay_weights(7, seed=base + 2), torch.tensor([0.0, -0.0, 1e-30], dtype=torch.float64)])]
     _grade_keeper(learner, cls, "lr 1e-3, weight_decay 0.1, 1,000 steps (exact: x 0.905)", weights, 1e-3, 0.1, 1000)
     return "3 bf16 parameters decay as in exact arithmetic over 1,000 steps, within one bf16 ulp"
 

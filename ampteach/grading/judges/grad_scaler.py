@@ -126,7 +126,8 @@ def _run(learner: Learner, cls: Ref, plan: Plan) -> int:
 
 @judge("check_grad_scaler")
 def check_grad_scaler(learner: Learner, cls: Ref) -> str:
-    steps = sum(_run(learner, cls, plan) for plan in visible_plans(learner.seed(1)))
+    plans = visible_plans(learner.seed(1))
+    steps = sum(_run(learner, cls, plan) for plan in plans)
     got = learner.plan("grad_scaler.resume_and_disabled", {"cls": cls})
     want = run_resume(torch.amp.GradScaler, watched=False)
     if got["resumed"] != want:
@@ -136,7 +137,8 @@ def check_grad_scaler(learner: Learner, cls: Ref) -> str:
     if not same or scale != 1.0 or state != {}:
         raise CheckFailed("enabled=False: scale(loss) must return loss itself, get_scale() 1.0 and state_dict() {} "
                           "(one training loop for every precision)")
-    return f"{steps} steps in 2 plans, a resume from state_dict and enabled=False: identical to torch.amp.GradScaler"
+    return (f"{steps} steps in {len(plans)} plans, a resume from state_dict and enabled=False: identical to "
+            f"torch.amp.GradScaler")
 
 
 @judge("check_grad_scaler_hidden_plans")

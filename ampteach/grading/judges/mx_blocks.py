@@ -51,6 +51,8 @@ def mx_cases(gen: torch.Generator, hidden: bool = False) -> dict[str, torch.Tens
         "exact ties": ties,
         "a tiny block (subnormal float32)": tiny,
         "an all-zero block next to a normal one": torch.cat([torch.zeros(BLOCK), torch.randn(BLOCK, generator=gen)]),
+        "a 3-d input (blocks along the last dimension)": torch.randn(2, 2, 64, generator=gen) * 10,
+        "values near float32's max (e clamped to 127)": torch.randn(BLOCK, generator=gen) * 4e37,
     }
     if hidden:
         bits = torch.randint(-(2**31), 2**31, (8, 96), generator=gen, dtype=torch.int64).to(torch.int32)

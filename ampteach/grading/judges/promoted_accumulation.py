@@ -101,7 +101,9 @@ def accumulate_cases(gen: torch.Generator, hidden: bool = False) -> list[tuple[s
              ("300 positive products, 14 bits, nearest", positive, 14, "nearest", None),
              ("300 positive products, 14 bits, truncate, promoted every 128", positive, 14, "truncate", 128),
              ("300 signed products, 8 bits, nearest, promoted every 32", signed, 8, "nearest", 32),
-             ("300 signed products, 11 bits, truncate", signed, 11, "truncate", None)]
+             ("300 signed products, 11 bits, truncate", signed, 11, "truncate", None),
+             ("no products (K = 0), promoted every 16", signed[:0], 14, "truncate", 16),
+             ("one product, 3 bits, nearest", signed[:1, :4] * 3, 3, "nearest", None)]
     if hidden:
         more = products_of_fp8(517, 5, gen)
         cases = [("hidden: 517 positive products, 14 bits, truncate, promoted every 128", more, 14, "truncate", 128),

@@ -41,7 +41,8 @@ def gradient_sets(gen: torch.Generator, hidden: bool = False) -> dict[str, torch
     if not hidden:
         return {"a small network's gradients (centred near 2^-22)": lognormal(50_000, -22, 4),
                 "gradients with a few large outliers": torch.cat([lognormal(50_000, -18, 3),
-                                                                  torch.tensor([0.5, -2.0, 3.0])])}
+                                                                  torch.tensor([0.5, -2.0, 3.0])]),
+                "large gradients: the scale must go below 1": lognormal(20_000, 9, 2)}
     edge = torch.tensor([65504.0 / 8, -2.0 ** -25, 2.0 ** -25 * 1.0000001, 1e-3])
     return {"gradients far below 1 (centred near 2^-30)": lognormal(50_000, -30, 3),
             "large gradients: the scale must go below 1": lognormal(50_000, 8, 2),
