@@ -421,3 +421,36 @@ def test_param_groups_takes_what_torch_optim_takes_and_refuses_what_it_refuses(s
         assert [id(p) for p in group["params"]] == [id(master.master_of(p)) for p in ref_group["params"]]
         assert all(p.dtype == torch.float32 for p in group["params"])
     assert ours.state_dict()["param_groups"] == ref.state_dict()["param_groups"]   # param_names included
+
+
+FROZEN = {   # a partly frozen half model, its groups written as for torch.optim over the model itself
+    "named_parameters": lambda m: m.named_parameters(),
+    "parameters": lambda m: m.parameters(),
+    "named, in groups": lambda m: [{"params": m[1].named_parameters(), "lr": 0.5},
+                                   {"params": m[3].named_parameters(), "momentum": 0.9}],
+}
+
+
+@pytest.mark.parametrize("structure", FROZEN)
+def test_param_groups_keep_a_frozen_parameter_in_its_group_as_torch_optim_does(structure):
+    """torch.optim keeps a frozen parameter in its group and never steps it (no gradient): so do the master
+    groups, with the frozen parameter itself in its place (it has no master), and training goes on around it."""
+    torch.manual_seed(0)
+    model = to_half(ampteach.mlp((8, 8)))
+    model[1].weight.requires_grad_(False)                          # frozen: fp16, no master copy
+    frozen_before = model[1].weight.detach().clone()
+    master = MasterWeights(model)
+    make = FROZEN[structure]
+    ref = optimizer_or_error(lambda: torch.optim.SGD(make(model), lr=0.1))
+    ours = optimizer_or_error(lambda: torch.optim.SGD(master.param_groups(make(model)), lr=0.1))
+    assert not isinstance(ref, type) and not isinstance(ours, type), (ref, ours)
+    assert ours.state_dict()["param_groups"] == ref.state_dict()["param_groups"]   # names and options included
+    for group, ref_group in zip(ours.param_groups, ref.param_groups, strict=True):
+        assert [id(p) for p in group["params"]] == [id(master.master_of(p)) for p in ref_group["params"]]
+        for p, q in zip(group["params"], ref_group["params"]):
+            assert (p is q) == (not q.requires_grad) and (p.dtype == torch.float32 or p is q)
+    trained_before = master.master_of(model[3].weight).detach().clone()
+    x, y = batch(n=16)
+    train_step(model, x, y, ours, SCALERS["ampteach"](init_scale=2.0**10), O2, master=master)
+    assert torch.equal(model[1].weight, frozen_before) and model[1].weight.grad is None
+    assert not torch.equal(master.master_of(model[3].weight), trained_before)      # the others are trained

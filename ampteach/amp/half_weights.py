@@ -98,7 +98,7 @@ class HalfWeights(MasterWeights):
             m.data = m.data.new_empty(0)
 
     def compensation_of(self, param: torch.Tensor) -> torch.Tensor | None:
-        """The Kahan compensation buffer of a model parameter (None unless rounding="kahan", or for fp32 ones)."""
+        """A model parameter's Kahan compensation buffer (None unless rounding="kahan", and for fp32 or frozen ones)."""
         for (p, _), c in zip(self.pairs, self.compensations):
             if p is param:
                 return c

@@ -103,8 +103,11 @@ class MasterWeights:
 
     Per half parameter w: m.grad = float32(w.grad); the optimizer updates m; w = round_half(m).
     Parameters that are already fp32 (norm layers kept fp32 by to_half) are their own master, as in
-    Apex: no copy, and their gradients reach the optimizer directly. Build it after moving the model
-    to its device; the copies live beside the parameters. state_dict() is an fp32 checkpoint.
+    Apex: no copy, and their gradients reach the optimizer directly. A frozen parameter
+    (requires_grad=False) gets no copy either: param_groups passes it on as itself, as torch.optim
+    keeps a frozen parameter in its group (it has no gradient, so no step changes it). Build it after
+    moving the model to its device; the copies live beside the parameters. state_dict() is an fp32
+    checkpoint.
 
     Args:
         model (nn.Module): the half model (to_half's); its trainable parameters get fp32 masters,
@@ -121,6 +124,7 @@ class MasterWeights:
         self._master_of: dict[int, torch.Tensor] = {}
         for p in model.parameters():
             if not p.requires_grad:
+                self._master_of[id(p)] = p            # frozen: its own "master", never stepped (no grad)
                 continue
             if p.dtype in HALF_DTYPES:
                 m = nn.Parameter(p.detach().to(torch.float32))  # exact: every half value is an fp32 value
@@ -145,12 +149,12 @@ class MasterWeights:
             p.copy_(m)
 
     def master_of(self, param: torch.Tensor) -> torch.Tensor:
-        """The tensor the optimizer updates for this model parameter (itself when it is fp32)."""
+        """The tensor the optimizer gets for this model parameter (itself when it is fp32 or frozen)."""
         try:
             return self._master_of[id(param)]
         except KeyError:
             raise ValueError(
-                f"a {tuple(param.shape)} {param.dtype} tensor is not a trainable parameter of the model this "
+                f"a {tuple(param.shape)} {param.dtype} tensor is not a parameter of the model this "
                 f"MasterWeights was built from; pass the model's own parameters (model.parameters())"
             ) from None
 
@@ -164,6 +168,8 @@ class MasterWeights:
             opt = torch.optim.AdamW(master.param_groups(model.named_parameters()))   # names kept
         Takes what torch.optim takes (parameters, (name, parameter) pairs, dicts with "params" and
         options; a plain iterable makes one group) and refuses what it refuses, with its exception types.
+        A frozen parameter stays in its group as itself, as torch.optim keeps it (model.named_parameters()
+        of a partly frozen model works); a tensor that is not a parameter of the model is refused.
         """
         if isinstance(groups, torch.Tensor):
             raise TypeError("param_groups() takes an iterable of parameters or of dicts (as torch.optim does), "

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from ampteach.amp import scaler_checks as checks
-from ampteach.amp.unscale_kernels import PerDevice, step_fused, unscale_grads_
+from ampteach.amp.unscale_kernels import PerDevice, skip_under_compile, step_fused, unscale_grads_
 
 __all__ = ["GradScaler", "OptState", "StaticLossScaler", "next_scale", "update_scale_", "FLOAT32_MAX"]
 
@@ -113,6 +113,7 @@ class _LossScaler:
     keeps no scaling state (as torch's): scale returns its input, step is optimizer.step(), the rest no-ops."""
 
     def __init__(self, init_scale: float, enabled: bool) -> None:
+        skip_under_compile()      # torch.compile runs every call into a scaler eagerly, as it runs torch's
         self._enabled = enabled
         if enabled:
             self._init_scale = init_scale
@@ -345,7 +346,8 @@ class GradScaler(_LossScaler):
         init_scale (float, default 2.0**16): S before the first update(); a float32 number.
         growth_factor (float, default 2.0): S is multiplied by it after growth_interval clean steps; > 1.
         backoff_factor (float, default 0.5): S is multiplied by it after a step with an inf/NaN gradient; < 1.
-        growth_interval (int, default 2000): clean steps in a row before S grows.
+        growth_interval (int, default 2000): clean steps in a row before S grows. A bool is refused here
+            (TypeError), deliberately earlier than torch, whose scaler takes growth_interval=True and fails at update().
         enabled (bool, default True): False makes every call a pass-through (step() is optimizer.step())
             and ignores the other arguments; the scaler then keeps no scale, factors or interval, and
             get_growth_factor() and friends raise AttributeError, exactly as torch's do.
@@ -438,7 +440,10 @@ class GradScaler(_LossScaler):
                 "growth_interval": self._growth_interval, "_growth_tracker": self._get_growth_tracker()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore from state_dict() of this class or of torch.amp.GradScaler (a no-op when disabled)."""
+        """Restore from state_dict() of this class or of torch.amp.GradScaler (a no-op when disabled).
+
+        A dict with missing keys raises KeyError, as torch's does, but deliberately before anything is loaded:
+        the scaler is left as it was (torch's has loaded part of the dict by then)."""
         if not self._enabled:
             return
         checks.check_state_dict(state_dict)

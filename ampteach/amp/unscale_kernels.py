@@ -18,6 +18,7 @@ CUDA/C++ kernel out of torch/amp/grad_scaler.py:
   optimizer while the gradient tensors stay the same (zeroed in place, or accumulated).
 An optimizer with a fused kernel of its own (Adam(fused=True)) unscales in that kernel instead:
 step_fused hands it S and the found_inf flag, as torch's protocol (_step_supports_amp_scaling) does.
+Under torch.compile none of this is traced (skip_under_compile), as none of torch's scaler is.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from collections import defaultdict
 
 import torch
 
-__all__ = ["BUCKET_NUMEL", "UNSCALABLE_DTYPES", "PerDevice", "non_finite_check_and_unscale_", "unscale_grads_",
-           "grads_by_device_and_dtype", "step_fused"]
+__all__ = ["BUCKET_NUMEL", "UNSCALABLE_DTYPES", "PerDevice", "skip_under_compile", "non_finite_check_and_unscale_",
+           "unscale_grads_", "grads_by_device_and_dtype", "step_fused"]
 
 BUCKET_NUMEL = 1 << 18   # smaller gradients are checked together, in a buffer of this many elements (1 MiB fp32)
 UNSCALABLE_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})   # as torch's kernel
@@ -48,6 +49,22 @@ FP16_GRADS = (
 _NONE_REF = lambda: None   # stands for a missing gradient among weak references to gradients  # noqa: E731
 
 Grouping = dict[tuple[torch.device, torch.dtype], list[int]]   # (device, dtype) -> positions in the grad list
+SCALER_MODULES = ("ampteach.amp.scaler", "ampteach.amp.unscale_kernels", "ampteach.amp.scaler_checks")
+
+
+@functools.cache
+def skip_under_compile() -> None:
+    """Put the scaler's modules on dynamo's skip list, beside torch.amp (MOD_SKIPLIST): called by the first
+    scaler built (importing dynamo takes about a second, so not at import).
+
+    So torch.compile treats ampteach's scaler as torch's: each call into it from compiled code is a graph
+    break and runs eagerly, its own functions are never traced (no lru_cache, weak reference or host read
+    reaches dynamo), and what it calls elsewhere (optimizer.step) is compiled as a frame of its own.
+    """
+    from torch._dynamo import trace_rules
+
+    for name in SCALER_MODULES:
+        trace_rules.add(name)
 
 
 class PerDevice:
