@@ -20,8 +20,8 @@ import pytest
 
 from ampteach.grading import exercises
 from ampteach.grading.autograde import course_copy, known_exercises, plan_cells
-from ampteach.grading.nbval_patience import OUTPUT_PATIENCE
 from ampteach.grading.grade import CSV_COLUMNS, RESULTS, TOTAL, CheckResult, Submission, format_grade
+from ampteach.grading.nbval_patience import OUTPUT_PATIENCE
 
 ROOT = Path(__file__).parents[1]
 EXERCISE = "build_2_loss_scale_update"

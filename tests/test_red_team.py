@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import os
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import nbformat
@@ -208,7 +205,8 @@ ANSWER_KEYS = {   # exercise -> an answer that imports the check module's own re
                            "def train_loop(model, batches, optimizer, scaler, accum_steps=4, max_norm=1.0):\n"
                            "    return reference_loop(model, batches, optimizer, scaler, accum_steps, max_norm)",),
     "fix_bf16_weight_decay": ("from ampteach.grading.judges.bf16_weight_decay import torch_decay_is_lost\n"
-                              "def decay_is_lost(w, lr, weight_decay):\n    return torch_decay_is_lost(w, lr, weight_decay)",),
+                              "def decay_is_lost(w, lr, weight_decay):\n"
+                              "    return torch_decay_is_lost(w, lr, weight_decay)",),
 }
 OLD_ANSWER_KEY = ("from ampteach.grading.checks.fp16_attention import careful_fp16_attention\n"
                   "def attention(q, k, v, mask=None):\n    return careful_fp16_attention(q, k, v, mask)")
@@ -228,7 +226,8 @@ def attacks() -> dict[str, tuple[nbformat.NotebookNode, str]]:
                           "torch's _amp_update_scale_ in a thread pool"),
         "autocast_flags": (answered("build_6_autocast_mode", AUTOCAST_FLAGS), "torch's autocast flags set directly"),
         "disabled_copies": (answered("build_5_grad_scaler", DELEGATE.replace(
-            "import torch\n", "import torch\nfrom torch._C import DisableTorchFunction\nCONTEXT = DisableTorchFunction()\n")),
+            "import torch\n", "import torch\nfrom torch._C import DisableTorchFunction\n"
+                             "CONTEXT = DisableTorchFunction()\n")),
             "torch's GradScaler methods called under DisableTorchFunction"),
         "plain_copies": (answered("build_5_grad_scaler", DELEGATE.replace(
             "import torch\n", "import torch, contextlib\nCONTEXT = contextlib.nullcontext()\n")),

@@ -52,7 +52,8 @@ def value(session: Session, source: str):
 
 def test_the_network_is_refused(session):
     result = value(session, "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), timeout=3)\n"
-                            "    result = 'connected'\nexcept OSError as exc:\n    result = type(exc).__name__ + str(exc)")
+                            "    result = 'connected'\nexcept OSError as exc:\n"
+                            "    result = type(exc).__name__ + str(exc)")
     assert result != "connected" and "unreachable" in result.lower(), result
 
 
@@ -64,7 +65,8 @@ def test_no_other_process_is_visible(session):
 
 def test_writes_outside_the_private_tmp_are_refused(session):
     package = os.path.dirname(ampteach.__file__)
-    result = value(session, f"results = []\nfor path in ({package!r} + '/x', '/usr/x', '/x', {str(Path.home())!r} + '/x'):\n"
+    home = str(Path.home())
+    result = value(session, f"results = []\nfor path in ({package!r} + '/x', '/usr/x', '/x', {home!r} + '/x'):\n"
                             "    try:\n        open(path, 'w').write('x')\n        results.append('wrote ' + path)\n"
                             "    except OSError as exc:\n        results.append(type(exc).__name__)\n"
                             "open('/tmp/ok', 'w').write('x')\nresult = results")

@@ -115,7 +115,7 @@ def test_the_outlier_cases_overflow_q_kT_but_their_scaled_scores_fit(seed):
         scores = q.double() @ k.double().transpose(-2, -1)
         assert scores.abs().max() >= 65520 * 1.1, name                         # the naive order overflows fp16
         assert scores.abs().max() / math.sqrt(q.size(-1)) <= 65504 / 1.1, name  # scaling first fits
-    for name, (q, k, _), mask in (hidden[0], visible_cases()[3]):
+    for name, (q, _k, _), mask in (hidden[0], visible_cases()[3]):
         blind = ~mask.any(-1).expand(q.shape[:-1])
         assert blind.any(), name
 

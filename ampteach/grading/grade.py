@@ -217,7 +217,14 @@ def grade_all(paths: list[str], timeout: float = 120.0, jobs: int | None = None,
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(found) or 1))
     items = [(path, who, timeout, sandbox) for path, who in found]
     if jobs == 1:
-        subs = [_one(item) for item in items]
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)        # as in the pool's workers: judges replay on one thread, as notebooks run
+        try:
+            subs = [_one(item) for item in items]
+        finally:
+            torch.set_num_threads(threads)
     else:
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_worker_setup) as pool:
