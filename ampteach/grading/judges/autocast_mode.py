@@ -11,6 +11,12 @@ from ampteach.grading.checks.common import CheckFailed, same_bits, short
 from ampteach.grading.checks.wire import RemoteError
 from ampteach.grading.judges import judge
 from ampteach.grading.judges.learner import Learner, Ref
+from ampteach.grading.judges.scan import refuse_uses
+
+
+def _switch_name(name: str) -> bool:
+    """torch's own switches of its autocast state, by name: the exercise is to cast, not to switch torch's on."""
+    return "autocast" in name and name.lstrip("_").startswith(("set_", "autocast_increment", "autocast_decrement"))
 
 VISIBLE = {   # one call per policy and its traps; `h` is the region's half dtype (inputs in it, or mixed)
     "torch.mm, fp32 inputs": "torch.mm(_r(d, f32, 4, 4), _r(d, f32, 4, 4))",
@@ -111,6 +117,7 @@ def _training_step(learner: Learner, cls: Ref) -> None:
 
 @judge("check_autocast_mode")
 def check_autocast_mode(learner: Learner, cls: Ref) -> str:
+    refuse_uses(learner, _switch_name, BECAUSE)
     compared = run_cases(learner, cls, VISIBLE)
     _training_step(learner, cls)
     return (f"{compared} op cases ({len(VISIBLE)} ops in up to 4 regions, out= and in place among them) and an MLP "
@@ -119,5 +126,6 @@ def check_autocast_mode(learner: Learner, cls: Ref) -> str:
 
 @judge("check_autocast_mode_hidden")
 def check_autocast_mode_hidden(learner: Learner, cls: Ref) -> str:
+    refuse_uses(learner, _switch_name, BECAUSE)
     compared = run_cases(learner, cls, HIDDEN)
     return f"{compared} more op cases agree with torch.autocast"

@@ -14,9 +14,13 @@ import math
 import torch
 from torch import nn
 
+from ampteach.grading.checks.bf16_weight_decay import BECAUSE
 from ampteach.grading.checks.common import CheckFailed, short
 from ampteach.grading.judges import judge
 from ampteach.grading.judges.learner import Learner, Ref, describe
+from ampteach.grading.judges.scan import refuse_uses
+
+LIBRARY = {"MasterWeights", "grads_to_master", "master_to_model", "decay_changes", "decay_only_norms"}
 
 
 def decay_weights(n: int, std: float = 0.02, seed: int = 0) -> torch.Tensor:
@@ -59,6 +63,7 @@ def _grade_lost(learner: Learner, fn: Ref, case: str, w: torch.Tensor, lr: float
 
 @judge("check_decay_is_lost")
 def check_decay_is_lost(learner: Learner, fn: Ref) -> str:
+    refuse_uses(learner, LIBRARY.__contains__, BECAUSE)
     w = decay_weights(4096, seed=learner.seed(0)).to(torch.bfloat16)
     settings = [(1e-3, 0.1), (3e-4, 0.01), (1e-2, 0.2), (1e-2, 0.3), (1e-2, 0.5), (0.1, 0.1)]
     for lr, wd in settings:
@@ -70,6 +75,7 @@ def check_decay_is_lost(learner: Learner, fn: Ref) -> str:
 
 @judge("check_decay_is_lost_hidden")
 def check_decay_is_lost_hidden(learner: Learner, fn: Ref) -> str:
+    refuse_uses(learner, LIBRARY.__contains__, BECAUSE)
     w = torch.cat([_special(torch.bfloat16), decay_weights(2048, std=1.0, seed=learner.seed(1)).to(torch.bfloat16)])
     settings = (2.0**-9, 2.0**-8, 2.0**-9 * 1.0001, 2.0**-10, 0.25)
     for lr_wd in settings:
@@ -104,6 +110,7 @@ def _grade_keeper(learner: Learner, cls: Ref, case: str, weights: list[torch.Ten
 
 @judge("check_keep_decay")
 def check_keep_decay(learner: Learner, cls: Ref) -> str:
+    refuse_uses(learner, LIBRARY.__contains__, BECAUSE)
     base = learner.seed(2)
     weights = [decay_weights(1024, seed=base), decay_weights(64 * 32, seed=base + 1).reshape(64, 32),
                torch.cat([decay_weights(7, seed=base + 2), torch.tensor([0.0, -0.0, 1e-30], dtype=torch.float64)])]
@@ -113,6 +120,7 @@ def check_keep_decay(learner: Learner, cls: Ref) -> str:
 
 @judge("check_keep_decay_hidden")
 def check_keep_decay_hidden(learner: Learner, cls: Ref) -> str:
+    refuse_uses(learner, LIBRARY.__contains__, BECAUSE)
     base = learner.seed(5)
     mixed = torch.cat([decay_weights(500, std=3.0, seed=base), torch.tensor([0.0, -0.0, 1e-30, 2.0**-120, -7.0, 300.0],
                                                                             dtype=torch.float64)])

@@ -12,6 +12,7 @@ import torch
 
 from ampteach.grading.checks.common import CheckFailed
 from ampteach.grading.checks.master_step import (
+    BECAUSE,
     OPTIMIZERS,
     OVERFLOW_AT,
     STEPS,
@@ -22,6 +23,9 @@ from ampteach.grading.checks.master_step import (
 )
 from ampteach.grading.judges import judge
 from ampteach.grading.judges.learner import Learner, Ref
+from ampteach.grading.judges.scan import refuse_uses
+
+LIBRARY = {"MasterWeights", "grads_to_master", "master_to_model"}
 
 
 def reference_steps(opt_name: str, data_seed: int) -> list[dict]:
@@ -47,6 +51,7 @@ def reference_steps(opt_name: str, data_seed: int) -> list[dict]:
 
 @judge("check_master_step")
 def check_master_step(learner: Learner, make_master_copies: Ref, master_step: Ref) -> str:
+    refuse_uses(learner, LIBRARY.__contains__, BECAUSE)
     for opt_name in OPTIMIZERS:
         seed = learner.seed(1)
         got = learner.plan("master_step.steps", {"make_master_copies": make_master_copies,
