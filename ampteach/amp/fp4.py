@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from ampteach.amp.hadamard import random_signs, rht, rht_matrix
 from ampteach.amp.mx import SCALE_ROUNDINGS, _blocks, shared_exponent
-from ampteach.amp.nvfp4 import block_amax, nvfp4_fake_quantize, per_tensor_scale, round_e2m1
+from ampteach.amp.nvfp4 import block_amax, nvfp4_fake_quantize, round_e2m1
 
 __all__ = ["FP4_FORMATS", "FP4Recipe", "fp4_fake_quantize", "mxfp4_fake_quantize", "keep_high_precision"]
 
@@ -55,9 +55,7 @@ def fp4_fake_quantize(x: Tensor, fmt: str = "nvfp4", tiled: bool = False, roundi
     """The float32 values an FP4 matmul multiplies for x: NVFP4 with its per-tensor scale, or MXFP4."""
     if fmt == "mxfp4":
         return mxfp4_fake_quantize(x, tiled, rounding, scale_rounding, generator)
-    scale = per_tensor_scale(x)
-    scale = torch.where(scale > 0, scale, 1.0)                   # an all-zero tensor: any scale will do
-    return nvfp4_fake_quantize(x, scale, 16, tiled, rounding, generator)
+    return nvfp4_fake_quantize(x, "auto", 16, tiled, rounding, generator)   # S = amax / (448 * 6), 1 for zeros
 
 
 class FP4Recipe:

@@ -35,7 +35,7 @@ from ampteach.amp.mx import _blocks
 
 __all__ = ["NVFP4Tensor", "ROUNDINGS", "E2M1", "E4M3", "nvfp4_quantize", "nvfp4_quantize_2d", "nvfp4_fake_quantize",
            "nvfp4_dequantize", "per_tensor_scale", "per_tensor_amax_to_scale", "round_e2m1", "e2m1_codes",
-           "e2m1_values", "block_amax"]
+           "e2m1_values", "block_amax", "nvfp4_four_over_six"]
 
 E2M1, E4M3 = ELEMENT_FORMATS["fp4_e2m1"], FORMATS["fp8_e4m3"]   # the one format registry
 F4_MAX, F8_MAX = E2M1.max, E4M3.max                             # 6.0, 448.0
@@ -215,14 +215,40 @@ def nvfp4_quantize_2d(w: Tensor, per_tensor_scale: Tensor | float | None = None,
     return NVFP4Tensor(codes, scales[::block_size], _scale_tensor(per_tensor_scale), block_size, True, w.dtype)
 
 
-def nvfp4_fake_quantize(x: Tensor, per_tensor_scale: Tensor | float | None = None, block_size: int = 16,
+def nvfp4_fake_quantize(x: Tensor, per_tensor_scale: Tensor | float | str | None = None, block_size: int = 16,
                         tiled: bool = False, rounding: str = "nearest",
                         generator: torch.Generator | None = None) -> Tensor:
-    """nvfp4_quantize(...).dequantize() in one go, without codes: the float32 values an NVFP4 matmul multiplies."""
-    scales, values = _quantize(x, block_amax(x, block_size, tiled), per_tensor_scale, block_size, rounding,
-                               generator, False)
-    s = scales.float() if per_tensor_scale is None else _scale_tensor(per_tensor_scale) * scales.float()
-    return (_blocks(values, block_size) * s.unsqueeze(-1)).flatten(-2)[..., : x.shape[-1]]
+    """nvfp4_quantize(...).dequantize() in one go, without codes: the float32 values an NVFP4 matmul multiplies.
+
+    per_tensor_scale="auto": amax(x) / (448 * 6) from the block amaxes (1 for an all-zero x), what training uses.
+    """
+    amax = block_amax(x, block_size, tiled)
+    if isinstance(per_tensor_scale, str):
+        if per_tensor_scale != "auto":
+            raise ValueError(f"per_tensor_scale must be a number, a tensor, None or 'auto', got {per_tensor_scale!r}")
+        S = per_tensor_amax_to_scale(amax.max())
+        per_tensor_scale = torch.where(S > 0, S, 1.0)
+    return _quantize(x, amax, per_tensor_scale, block_size, rounding, generator, codes=False)[1]
+
+
+def nvfp4_four_over_six(x: Tensor, block_size: int = 16) -> tuple[Tensor, Tensor]:
+    """values, to_4 = nvfp4_four_over_six(x): NVFP4 where each block's amax lands on 6 or on 4, whichever errs less.
+
+    Two candidates per block, the plain one (amax -> 6) and one with its scale 1.5 times larger (amax -> 4,
+    so values near the top use the grid's 2, 3, 4 instead of 4, 6); the block keeps the one with the smaller
+    sum of squared errors. The per-tensor scale is amax / (6 * 256), so that 1.5 times a block scale still
+    fits E4M3 (256 * 1.5 = 384 <= 448), as the authors' reference code sets it (mit-han-lab/fouroversix,
+    "Four Over Six", arXiv:2512.02010). Returns the float32 values and, per block, True where 4 won."""
+    S = x.detach().abs().amax().float() / (F4_MAX * 256.0)
+    S = torch.where(S > 0, S, 1.0)
+    amax, blocks = block_amax(x, block_size), _blocks(x.float(), block_size)
+    candidates = []
+    for factor in (1.0, 1.5):                                   # the block amax lands on 6, then on 4
+        values = _blocks(_quantize(x, amax * factor, S, block_size, "nearest", None, False)[1], block_size)
+        candidates.append((values, (values - blocks).pow(2).sum(-1)))
+    (six, err6), (four, err4) = candidates
+    to_4 = err4 < err6
+    return torch.where(to_4.unsqueeze(-1), four, six).flatten(-2)[..., : x.shape[-1]], to_4
 
 
 def _scale_tensor(per_tensor_scale: Tensor | float | None) -> Tensor | None:
@@ -245,7 +271,7 @@ def _check(x: Tensor, block_size: int, rounding: str) -> None:
 
 def _quantize(x: Tensor, amax: Tensor, per_tensor_scale, block_size: int, rounding: str,
               generator: torch.Generator | None, codes: bool) -> tuple[Tensor, Tensor]:
-    """(E4M3 block scales, E2M1 codes or float32 grid values of x's shape), torchao's order of operations."""
+    """(E4M3 block scales, E2M1 codes or the dequantized float32 values, x's shape), torchao's order of operations."""
     _check(x, block_size, rounding)
     block_scale = amax / F4_MAX                                  # float32
     S = _scale_tensor(per_tensor_scale)
@@ -258,11 +284,14 @@ def _quantize(x: Tensor, amax: Tensor, per_tensor_scale, block_size: int, roundi
     blocks = _blocks(x.float(), block_size).reshape(-1, block_size)
     out = torch.empty(blocks.shape, dtype=torch.uint8 if codes else torch.float32, device=x.device)
     reciprocal = reciprocal.reshape(-1, 1)
+    decode = (scale8.float() if S is None else S * scale8.float()).reshape(-1, 1)   # nvfp4_dequantize's scale
     rows = max(1, _CHUNK // block_size)      # pieces of _CHUNK values: each pass over data in the CPU's cache
     for i in range(0, blocks.shape[0], rows):
         v = blocks[i:i + rows] * reciprocal[i:i + rows]
-        if rounding == "stochastic":
+        if rounding == "stochastic":                     # on the grid already: nearest would change nothing
             v = round_e2m1(v, rounding, generator)
-        out[i:i + rows] = _encode_(v) if codes else _round_nearest_(v)
+        else:
+            v = v if codes else _round_nearest_(v)
+        out[i:i + rows] = _encode_(v) if codes else v.mul_(decode[i:i + rows])
     out = out.view(*amax.shape, block_size)
     return scale8, out.flatten(-2)[..., : x.shape[-1]]
