@@ -176,7 +176,7 @@ def test_after_an_ampteach_region_torch_regions_run_ampteachs_kernels_and_nothin
         with autocast("cpu"):
             assert (a @ a).dtype == BF16
     assert AUTOCAST_KERNELS._library is library
-    assert torch.clear_autocast_cache is torch._C.clear_autocast_cache   # torch's own: nothing of torch's replaced
+    assert torch.clear_autocast_cache is autocast_cache.clear_autocast_cache   # empties both caches
     uninstall()
     assert kernel_at_autocast_cpu("mm") == "torch" and torch.clear_autocast_cache is torch._C.clear_autocast_cache
 
@@ -1128,7 +1128,7 @@ CLEARS = {   # every way a user reaches torch's clear; none of them is ampteach'
 @pytest.mark.parametrize("region", ["ampteach.autocast", "torch.autocast on ampteach's kernels"])
 def test_any_way_of_clearing_torchs_cache_clears_the_weight_cast_cache(region, clear):
     """w.data.mul_(2), then torch's clear however it is reached: the weight is cast again, its output
-    doubles, in torch and in ampteach (whose cache is emptied with torch's, not by a function of its own)."""
+    doubles, in torch and in ampteach (whose cache is emptied with torch's, whichever function did it)."""
     torch.manual_seed(0)
     w, x = torch.randn(8, 8), torch.randn(4, 8)
 
@@ -1146,7 +1146,7 @@ def test_any_way_of_clearing_torchs_cache_clears_the_weight_cast_cache(region, c
     ours = run(nn.Parameter(w.clone()), lambda: autocast("cpu") if region == "ampteach.autocast"
                else torch.autocast("cpu"))
     assert same(theirs, ours) and torch.equal(ours[1], 2 * ours[0])    # cast again: no stale weight
-    assert torch.clear_autocast_cache is torch._C.clear_autocast_cache and cached_casts() == 0
+    assert cached_casts() == 0
 
 
 def test_the_weight_cast_cache_is_emptied_with_torchs_also_outside_any_region():
@@ -1163,6 +1163,43 @@ def test_the_weight_cast_cache_is_emptied_with_torchs_also_outside_any_region():
         p @ x
         assert cached_casts() == 1 and autocast_cache.ARMED
     assert cached_casts() == 0
+
+
+def test_the_sentinel_stays_armed_across_region_exits_while_only_ampteachs_kernels_can_cache():
+    """Exits call the hooked torch.clear_autocast_cache: it empties ampteach's cache and leaves torch's alone
+    when torch's can hold nothing but the sentinel's cast, so a training loop does not arm it at every step."""
+    if not AUTOCAST_KERNELS._exclusive():
+        pytest.skip("another autocast device or an op left to torch's kernels: every exit empties torch's cache")
+    install()
+    p, x = nn.Parameter(torch.rand(4, 4)), torch.rand(4, 4)
+    with autocast("cpu"):
+        p @ x
+    with torch.autocast("cpu"):       # the first exit after registering empties torch's cache for real
+        p @ x
+    sentinel = autocast_cache.ARMED[0]
+    for region in (autocast, torch.autocast, autocast):
+        with region("cpu"):
+            p @ x
+            assert cached_casts() == 1
+        assert cached_casts() == 0 and autocast_cache.ARMED == [sentinel]
+
+
+def test_casts_torchs_kernels_made_before_ampteachs_were_registered_are_emptied_at_the_outer_exit():
+    """torch's kernels cache a cast in an outer torch region; a recording region inside registers ampteach's
+    (and the hooked clear): the outer exit must still empty torch's cache, or torch's kernels would later
+    serve the stale cast."""
+    torch.manual_seed(0)
+    w, x = torch.randn(8, 8), torch.randn(4, 8)
+    p = nn.Parameter(w.clone())
+    uninstall()
+    with torch.autocast("cpu"):
+        first = F.linear(x, p)                  # torch's kernel: torch's cache keeps p's bf16 cast
+        with autocast("cpu", record=True):
+            assert installed()
+    p.data.mul_(2)
+    uninstall()
+    with torch.autocast("cpu"):
+        assert torch.equal(F.linear(x, p), 2 * first)     # cast afresh: torch's cache was emptied
 
 
 @pytest.mark.parametrize("kernels", ["none registered yet", "registered"])

@@ -3,7 +3,7 @@
     cast = caster("cpu")
     w16 = cast(weight, torch.bfloat16, cache_usable())   # an fp32 parameter: cast once per region, then reused
     cached_casts()                                       # 1
-    torch.clear_autocast_cache()                         # empties torch's cache, and with it this one
+    torch.clear_autocast_cache()                         # empties torch's cache and this one
 
 Per tensor t and target dtype: t unchanged if it is not floating, float64, on another device, or
 already the target; else t.to(dtype), where an fp32 leaf that requires grad (a parameter, not a view
@@ -16,12 +16,16 @@ torch's clear, however it was reached (torch.clear_autocast_cache, torch._C.clea
 the function taken by `from torch import clear_autocast_cache` before ampteach was imported).
 
 How torch's clear reaches this cache (Python can neither read torch's cache nor hook its C++ clear):
-while this cache holds a cast, torch's holds one too, a sentinel's. The sentinel is an fp32 tensor
-without data that claims to live on an XPU; torch's own C++ AutocastXPU kernel of mm casts it and
-keeps the cast (ampteach replaces only the CPU and CUDA kernels, and nothing is computed: the
-sentinel answers every op itself). Emptying torch's cache frees that cast, and a weak reference to
-it empties this cache (_torch_cache_emptied). The sentinel is put back by the next cast kept (arm),
-once per cache lifetime, about 6 microseconds; an op that finds its weight cached pays nothing.
+while this cache holds a cast, torch's holds one too, a sentinel's (arm). The sentinel is an fp32
+tensor without data that claims to live on an XPU; torch's own C++ AutocastXPU kernel of mm casts it
+through torch's cache (ampteach replaces only the CPU and CUDA kernels; no XPU is needed, nothing is
+computed on one). Emptying torch's cache frees that cast, and a weak reference to it empties this
+cache (_torch_cache_emptied); the next cast kept arms again, which takes a few dispatcher calls.
+
+So that a training loop does not pay that at every step: while ampteach's kernels are registered,
+torch.clear_autocast_cache (what torch.autocast's exit calls, by that name) is this module's
+clear_autocast_cache, which empties this cache and torch's, except when torch's can hold nothing but
+the sentinel's cast: then it is left alone, and the sentinel stays armed from step to step.
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-__all__ = ["ARMED", "CACHE", "CONVERTERS", "arm", "cache_usable", "cached_cast", "cached_casts", "caster", "clear",
-           "converter", "lookup", "on_device"]
+__all__ = ["ARMED", "CACHE", "CONVERTERS", "arm", "cache_usable", "cached_cast", "cached_casts", "caster",
+           "clear_autocast_cache", "converter", "hook_clear", "hooked", "lookup", "on_device", "unhook_clear"]
 
 _F32, _F64 = torch.float32, torch.float64
 _cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(fp32 leaf) -> (leaf, cast): process-wide, as torch's
@@ -51,11 +55,6 @@ def cached_casts() -> int:
     return len(_cache)
 
 
-def clear() -> None:
-    """Empty this cache only (torch's stays as it is): what uninstalling the kernels does."""
-    _cache.clear()
-
-
 def cache_usable() -> bool:
     """Whether the weight-cast cache may serve now: the region's cache_enabled, and not in inference mode."""
     return torch.is_autocast_cache_enabled() and not torch.is_inference_mode_enabled()
@@ -67,64 +66,100 @@ def cache_usable() -> bool:
 ARMED: list[weakref.ref] = []    # a weak reference to the sentinel's cast while torch's cache holds it
 _XPU = "xpu"                      # a device whose autocast kernels ampteach leaves to torch (no XPU needed)
 _Keys, _Key = torch._C.DispatchKeySet, torch._C.DispatchKey
-_SENTINEL_KEYS = (_Keys(_Key.Undefined),          # the thread's keys while arming: none included, and autograd
-                  _Keys(_Key.AutogradXPU) | _Keys(_Key.ADInplaceOrView))   # excluded (no grad node: no XPU needed)
+# The thread's keys while arming: none included; excluded: autograd (no grad node, so no XPU is needed) and
+# the CPU and CUDA autocast kernels (the cast is a CPU tensor). Autocast for XPU is on: not excluded.
+_ARMING_KEYS = (_Keys(_Key.Undefined), _Keys(_Key.AutogradXPU) | _Keys(_Key.ADInplaceOrView)
+                | _Keys(_Key.AutocastCPU) | _Keys(_Key.AutocastCUDA))
 _arm_lock = threading.Lock()
+_cast: list[torch.Tensor] = []    # the cast the sentinel is about to be given
 
 
 class _Sentinel(torch.Tensor):
-    """A tensor without data on the XPU device: it answers every op itself, and a cast to dtype with a new one."""
+    """A tensor without data on the XPU device: cast, it gives a 1x1 CPU tensor made for the purpose."""
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
-    @staticmethod
-    def make(dtype: torch.dtype, requires_grad: bool = False) -> _Sentinel:
-        return torch.Tensor._make_wrapper_subclass(_Sentinel, (1, 1), dtype=dtype, device=_XPU,
-                                                   requires_grad=requires_grad)
-
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten.to.dtype:       # torch's cached_cast casting the sentinel: the cast it keeps
-            cast = _Sentinel.make(args[1])
-            _made.append(cast)
-            return cast
-        return args[0]                            # the op itself (mm): nothing to compute
+        return _cast[0]           # torch's cached_cast casting the sentinel (aten.to): the cast its cache keeps
 
 
-_LEAF = _Sentinel.make(torch.float32, requires_grad=True)   # torch caches casts of fp32 leaves that require grad
-_made: list[torch.Tensor] = []
+_LEAF = torch.Tensor._make_wrapper_subclass(_Sentinel, (1, 1), dtype=torch.float32, device=_XPU, requires_grad=True)
 
 
 def arm() -> None:
     """Put the sentinel's cast in torch's cache, unless it is there: call it after keeping a cast in this cache.
 
-    torch's own AutocastXPU kernel of mm runs on the sentinel, below every mode and above nothing but
-    the XPU autocast key (the thread's own autocast state is left as it is); it casts the sentinel
-    through torch's cache. When torch's cache is emptied, the cast is freed and this cache emptied.
+    torch's own AutocastXPU kernel of mm runs on the sentinel (an fp32 leaf that requires grad, which
+    torch caches), with no other key and no mode in the way: it casts the sentinel through torch's
+    cache, then multiplies the 1x1 CPU cast by itself. When torch's cache is emptied, the cast is freed.
     """
     with _arm_lock:
         if ARMED:
             return
         cache_on, dtype = torch.is_autocast_cache_enabled(), torch.get_autocast_dtype(_XPU)
+        half = dtype if dtype in (torch.float16, torch.bfloat16) else torch.float16
         try:
             torch.set_autocast_cache_enabled(True)
-            if dtype not in (torch.float16, torch.bfloat16):
-                torch.set_autocast_dtype(_XPU, torch.float16)
+            torch.set_autocast_dtype(_XPU, half)
             with _disable_current_modes() if torch._C._len_torch_dispatch_stack() else contextlib.nullcontext(), \
-                    torch._C.DisableTorchFunction(), torch._C._ForceDispatchKeyGuard(*_SENTINEL_KEYS):
-                torch.mm(_LEAF, _LEAF)
+                    torch._C.DisableTorchFunction():
+                _cast.append(torch.empty((1, 1), dtype=half))
+                with torch._C._ForceDispatchKeyGuard(*_ARMING_KEYS):
+                    torch.mm(_LEAF, _LEAF)
         finally:
             torch.set_autocast_cache_enabled(cache_on)
             torch.set_autocast_dtype(_XPU, dtype)
-        if _made:
-            ARMED.append(weakref.ref(_made.pop(), _torch_cache_emptied))
-            _made.clear()
+            cast = _cast.pop() if _cast else None
+        ARMED.append(weakref.ref(cast, _torch_cache_emptied))
 
 
 def _torch_cache_emptied(_: weakref.ref) -> None:
-    """torch's cache was emptied (the sentinel's cast is freed): empty this one, and arm again at the next cast."""
+    """torch's cache was emptied (the sentinel's cast is freed): empty this one; the next cast kept arms again."""
     ARMED.clear()     # first: a cast kept from now on arms again
     _cache.clear()
+
+
+# ---------------------------------------------------------------------------------------------------
+# torch.clear_autocast_cache while ampteach's kernels are registered
+
+_torch_clear_autocast_cache = torch._C.clear_autocast_cache
+_only_sentinel = [False]   # whether torch's cache can hold nothing but the sentinel's cast
+_exclusive = [False]       # whether ampteach's kernels are the only ones that can fill torch's cache
+
+
+def clear_autocast_cache() -> None:
+    """torch.clear_autocast_cache while hooked: empties this cache and torch's; torch's is left alone when it can
+    hold nothing but the sentinel's cast (torch's kernels have not run since it was last emptied)."""
+    _cache.clear()
+    if not _only_sentinel[0]:
+        _torch_clear_autocast_cache()
+        _only_sentinel[0] = _exclusive[0]
+
+
+def hook_clear(exclusive: bool) -> None:
+    """Make torch.clear_autocast_cache (what torch.autocast.__exit__ calls, by that name) this module's.
+
+    exclusive: no kernel of torch's can cache a cast from now on (ampteach's serve every op torch caches
+    for, and no other autocast device is in use). torch's cache may still hold casts from before: the
+    first call empties it. Only in place of torch's own function: one replaced by something else (a
+    test's mock) is left alone.
+    """
+    _exclusive[0], _only_sentinel[0] = exclusive, False
+    if torch.clear_autocast_cache is _torch_clear_autocast_cache:
+        torch.clear_autocast_cache = clear_autocast_cache
+
+
+def unhook_clear() -> None:
+    """Give torch.clear_autocast_cache back to torch (its kernels serve again), and empty this cache."""
+    _exclusive[0] = _only_sentinel[0] = False
+    if torch.clear_autocast_cache is clear_autocast_cache:
+        torch.clear_autocast_cache = _torch_clear_autocast_cache
+    _cache.clear()
+
+
+def hooked() -> bool:
+    return torch.clear_autocast_cache is not _torch_clear_autocast_cache
 
 
 def on_device(device: str) -> Callable[[torch.Tensor], bool]:

@@ -15,7 +15,8 @@ schema (ampteach.amp.autocast_schema); the ops that only cast get a kernel writt
 The kernels stay installed once registered, and they read only the autocast state torch keeps
 (enabled, dtype, cache_enabled, inference mode): so they serve a torch.autocast region exactly as
 torch's kernels would, and switching between the two implementations re-registers nothing. Their
-weight-cast cache lives exactly as long as torch's (ampteach.amp.autocast_cache).
+weight-cast cache lives exactly as long as torch's (ampteach.amp.autocast_cache); while they are
+registered, torch.clear_autocast_cache is that module's, which empties both.
 
 Registering (about 250 kernels) changes the process-wide dispatch table: like any torch.library
 registration, it must not race with op calls in other threads. The first ampteach region entered
@@ -35,7 +36,7 @@ import torch
 
 from ampteach.amp import autocast_schema as schema
 from ampteach.amp import cast_lists
-from ampteach.amp.autocast_cache import cache_usable, cached_casts, caster, clear
+from ampteach.amp.autocast_cache import cache_usable, cached_casts, caster, hook_clear, hooked, unhook_clear
 from ampteach.amp.autocast_cache import on_device as device_test
 from ampteach.amp.autocast_fast import fast_cast_kernel
 
@@ -333,12 +334,23 @@ def install() -> None:
                 for name, kernel in kernels[device].items():
                     register(name, key, kernel, False)
         _library = lib
+        hook_clear(_exclusive())
+
+
+def _exclusive() -> bool:
+    """Whether, with ampteach's kernels registered, no kernel of torch's can cache a weight cast: no op is
+    left to torch's kernels (NOT_SERVED) and no other autocast device (XPU, MPS, ...) is there to use."""
+    left_to_torch = any(torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", DEVICE_KEYS[device])
+                        for device, name in NOT_SERVED)
+    return not left_to_torch and not torch.accelerator.is_available()
 
 
 def ensure_installed() -> None:
-    """install() unless installed: the cheap check a region makes on entry."""
+    """install(); when installed, hook torch.clear_autocast_cache again if torch's own is back in its place."""
     if _library is None:
         install()
+    elif not hooked():
+        hook_clear(_exclusive())
 
 
 def uninstall() -> None:
@@ -349,4 +361,4 @@ def uninstall() -> None:
             return
         _library._destroy()
         _library = None
-        clear()     # the weight casts ampteach's kernels kept (torch's own kernels keep theirs in torch's cache)
+        unhook_clear()
