@@ -114,7 +114,12 @@ def exercise_name(path: str | Path) -> str:
 
 
 def make_exercise(solution: nbformat.NotebookNode, name: str = "notebook") -> nbformat.NotebookNode:
-    """The exercise version of a solution notebook (a new notebook; the solution is not modified)."""
+    """The exercise version of a solution notebook (a new notebook; the solution is not modified).
+
+    Its check cells carry nbgrader's metadata for a graded test worth one point, so that where nbgrader is
+    installed, JupyterLab's Validate button (and `nbgrader validate`) runs the course's checks and reports
+    a failed one as a failure, never "Success" for an untouched exercise.
+    """
     nb = nbformat.from_dict(solution)
     nb.metadata.pop("widgets", None)
     nb.metadata["ampteach"] = {"exercise": exercise_name(name)}
@@ -129,7 +134,9 @@ def make_exercise(solution: nbformat.NotebookNode, name: str = "notebook") -> nb
             cell.outputs = []
             cell.execution_count = None
             if check_functions(source):
-                cell.metadata.update({"editable": False, "deletable": False})
+                cell.metadata.update({"editable": False, "deletable": False, "nbgrader": {
+                    "grade": True, "grade_id": f"check-{cell.id}", "locked": True, "points": 1,
+                    "schema_version": 3, "solution": False, "task": False}})
         cell.metadata.pop("execution", None)
         cells.append(cell)
     if regions == 0:
