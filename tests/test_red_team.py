@@ -20,6 +20,7 @@ import csv
 import hashlib
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -178,6 +179,16 @@ for name, log in example_logs().items():
     TABLE[tuple(row["scale"] for row in log)] = causes_of_examples()[name]
 def diagnose(log):
     return TABLE.get(tuple(row["scale"] for row in log), "normal calibration")"""
+GRADEBOOK_WRITER = """import os, subprocess
+BOOK = {book!r}
+subprocess.Popen(["/bin/sh", "-c", f"sleep 4; echo gradebook_writer,,,,,total,37,37,,all complete > {{BOOK}}"],
+                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+if os.fork() == 0:
+    os.setsid()
+    import time
+    time.sleep(4)
+    open(BOOK, "w").write("gradebook_writer,,,,,total,37,37,,all complete\\n")
+    os._exit(0)"""
 INSTALL_POISON = """import json, pathlib, ampteach
 target = pathlib.Path(ampteach.__file__).parent / "grading" / "exercise_checks" / "build_1_bf16_rounding.json"
 copy = json.loads(target.read_text())
@@ -212,8 +223,8 @@ OLD_ANSWER_KEY = ("from ampteach.grading.checks.fp16_attention import careful_fp
                   "def attention(q, k, v, mask=None):\n    return careful_fp16_attention(q, k, v, mask)")
 
 
-def attacks() -> dict[str, tuple[nbformat.NotebookNode, str]]:
-    """learner -> (notebook, what it tries)."""
+def attacks(book: Path | None = None) -> dict[str, tuple[nbformat.NotebookNode, str]]:
+    """learner -> (notebook, what it tries); `book` is the class gradebook's path (for the attack on it)."""
     found = {
         "code_swap": (with_cell(exercise("build_1_bf16_rounding"), CODE_SWAP), "check functions' __code__ replaced"),
         "code_swap_2": (with_cell(exercise("build_2_loss_scale_update"), CODE_SWAP), "the same, with a hidden check"),
@@ -243,6 +254,9 @@ def attacks() -> dict[str, tuple[nbformat.NotebookNode, str]]:
         "install_poison": (with_cell(exercise("build_1_bf16_rounding"), INSTALL_POISON),
                            "the installed grading copy rewritten"),
         "old_answer_key": (answered("fix_fp16_attention", OLD_ANSWER_KEY), "the reference's old home imported"),
+        "gradebook_writer": (with_cell(exercise("build_1_bf16_rounding"),
+                                       GRADEBOOK_WRITER.format(book=str(book or "gradebook.csv"))),
+                             "a detached process rewrites the gradebook after the grader exits"),
     }
     for name, sources in ANSWER_KEYS.items():
         found[f"key_{name}"] = (answered(name, *sources), "the judge's reference imported")
@@ -260,7 +274,8 @@ def package_digest() -> dict[str, str]:
 def graded(tmp_path_factory):
     """The attacks and every worked solution, graded as one class: (rows by learner, the run, digests)."""
     folder = tmp_path_factory.mktemp("class")
-    made = attacks()
+    book = folder.parent / "gradebook.csv"
+    made = attacks(book)
     for learner, (nb, _) in made.items():
         exercise_name = nb.metadata["ampteach"]["exercise"]
         (folder / learner).mkdir()
@@ -268,10 +283,12 @@ def graded(tmp_path_factory):
     for path in sorted((ROOT / "solutions").glob("*.ipynb")):
         (folder / "worked").mkdir(exist_ok=True)
         nbformat.write(worked(path.stem), folder / "worked" / path.name)
-    book = folder.parent / "gradebook.csv"
     before = package_digest()
     run = subprocess.run([sys.executable, "-m", "ampteach", "grade", str(folder), "--csv", str(book), "--jobs", "2",
                           "--sandbox", "required", "--timeout", "240"], capture_output=True, text=True, timeout=7200)
+    written = book.read_bytes()
+    time.sleep(8)                                   # past the detached writer's 4 s
+    assert book.read_bytes() == written, "the gradebook changed after the grader exited"
     rows: dict[str, list[dict]] = {}
     for row in csv.DictReader(book.open()):
         rows.setdefault(row["learner"], []).append(row)
@@ -310,6 +327,12 @@ def test_an_attacker_who_handed_in_one_exercise_is_not_complete(graded):
     assert "all complete" not in total["message"] and "not handed in" in total["message"], total
     expected = sum(len(course_copy(p.stem)["checks"]) for p in (ROOT / "solutions").glob("*.ipynb"))
     assert int(total["checks"]) == expected and int(total["passed"]) == 0, total
+
+
+def test_the_gradebook_is_the_graders_after_it_exits(graded):
+    rows, _, _, _ = graded
+    total = next(r for r in rows["gradebook_writer"] if r["result"] == "total")
+    assert total["passed"] == "0" and "all complete" not in total["message"], total
 
 
 def test_the_installed_package_is_byte_identical_after_grading(graded):
