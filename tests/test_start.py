@@ -7,6 +7,7 @@ real JupyterLab is started the way the command starts it, and asked for the less
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -169,9 +170,86 @@ def test_the_command_prepares_the_folder_keeps_work_and_refuses_the_checkout(tmp
     assert str(folder) in out and (folder / EXERCISE).is_file() and "jupyter lab" in out
     work = answer(folder / EXERCISE)
     assert cli.main(["start", str(folder), "--no-lab"]) == 0
-    assert (folder / EXERCISE).read_text() == work and "kept 1 file(s) you changed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert (folder / EXERCISE).read_text() == work
+    assert f"kept 1 file(s) you changed, as they are:\n    {EXERCISE}" in out
     assert cli.main(["start", str(ROOT), "--no-lab"]) == 2
     assert "own checkout" in capsys.readouterr().err
+
+
+def test_what_it_says_names_every_file_it_kept_and_every_fresh_copy(course, tmp_path):
+    first = start.prepare(tmp_path / "mine", course)
+    assert "up to date" in start.prepare(tmp_path / "mine", course).describe("x")
+    tmp_path = tmp_path / "mine"
+    lessons = sum(p.startswith("notebooks/") for p in course.files)
+    assert f"copied the course: {lessons} lesson(s) into notebooks/" in first.describe("x")
+    mine = ["notebooks/00_start_here.ipynb", EXERCISE, "exercises/build_2_loss_scale_update.ipynb"]
+    for path in mine:
+        answer(tmp_path / path) if path.startswith("exercises/") else (tmp_path / path).write_text(
+            (tmp_path / path).read_text().replace('"execution_count": 1', '"execution_count": 11', 1))
+    (tmp_path / "exercises/build_3_master_weight_step.ipynb").unlink()
+    said = start.prepare(tmp_path, newer(course, EXERCISE)).describe("x")
+    after = said.split("as they are:\n", 1)[1].splitlines()
+    kept = [line.strip() for line in itertools.takewhile(lambda line: line.startswith("    "), after)]
+    assert sorted(kept) == sorted(mine), said
+    assert f"    {EXERCISE} -> exercises/build_1_bf16_rounding.fresh.ipynb" in said
+    assert "copied 1 file(s) that were missing:\n    exercises/build_3_master_weight_step.ipynb" in said
+
+
+def test_run_again_inside_the_folder_or_below_it_updates_that_folder(tmp_path, monkeypatch, capsys):
+    """The folder's README says to run `ampteach start` there again: that updates it, never nests a second copy."""
+    folder = tmp_path / "ampteach-course"
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["start", "--no-lab"]) == 0 and (folder / EXERCISE).is_file()
+    work = answer(folder / EXERCISE)
+    for where in (folder, folder / "exercises", folder / ".ampteach"):
+        monkeypatch.chdir(where)
+        capsys.readouterr()
+        assert cli.main(["start", "--no-lab"]) == 0
+        out = capsys.readouterr().out
+        assert f"you are in your course folder {folder}" in out and f"    {EXERCISE}" in out, out
+        assert not list(folder.rglob("ampteach-course")) and (folder / EXERCISE).read_text() == work
+    assert start.course_folder_of(folder / "notebooks") == folder and start.course_folder_of(tmp_path) is None
+
+
+def test_a_dir_inside_a_course_folder_is_refused_with_what_to_do(course, tmp_path, capsys):
+    start.prepare(tmp_path / "mine", course)
+    for inside in (tmp_path / "mine/ampteach-course", tmp_path / "mine/exercises/new"):
+        with pytest.raises(FileExistsError, match="inside your course folder"):
+            start.prepare(inside, course)
+        assert cli.main(["start", str(inside), "--no-lab"]) == 2 and not inside.exists()
+        assert "without DIR" in capsys.readouterr().err
+    start.prepare(tmp_path / "mine", course)                   # the folder itself: updated as ever
+
+
+def test_options_after_a_double_dash_go_to_jupyterlab(tmp_path, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(start.subprocess, "call", lambda cmd, cwd: calls.append(cmd) or 0)
+    extra = ["--allow-root", "--port", "8890", "--no-browser"]
+    assert cli.main(["start", str(tmp_path / "c"), "--", *extra]) == 0
+    assert calls[-1][-4:] == extra and calls[-1][:4] == [sys.executable, "-m", "jupyter", "lab"]
+    assert cli.main(["start", "--no-lab", str(tmp_path / "c"), "--", "--allow-root"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("jupyter lab --allow-root")
+    assert cli.split_passed_on(["grade", "--", "-odd.ipynb"]) == (["grade", "--", "-odd.ipynb"], [])  # argparse's
+
+
+def test_as_root_a_failed_jupyterlab_says_to_pass_allow_root(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(start.subprocess, "call", lambda cmd, cwd: 1)
+    monkeypatch.setattr(start, "_is_root", lambda: True)
+    assert cli.main(["start", str(tmp_path / "c")]) == 1
+    assert f"ampteach start {tmp_path / 'c'} -- --allow-root" in capsys.readouterr().err
+    assert cli.main(["start", str(tmp_path / "c"), "--", "--allow-root"]) == 1
+    assert "--allow-root" not in capsys.readouterr().err
+
+
+def test_in_a_checkout_the_default_course_folder_is_ignored_by_git():
+    """Else JupyterLab and git in a checkout show a second, untracked copy of every lesson."""
+    if subprocess.run(["git", "rev-parse"], cwd=ROOT, capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    for path in (f"{start.DEFAULT_FOLDER}/{EXERCISE}", f"notebooks/{start.DEFAULT_FOLDER}/README.md"):
+        ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT)
+        assert ignored.returncode == 0, f"{path} is not ignored by git: add {start.DEFAULT_FOLDER}/ to .gitignore"
+    assert subprocess.run(["git", "check-ignore", "-q", "--no-index", EXERCISE], cwd=ROOT).returncode == 1
 
 
 def test_without_no_lab_it_starts_jupyterlab_at_the_folders_root_on_lesson_0(tmp_path, monkeypatch):
@@ -195,9 +273,9 @@ def test_jupyterlab_started_that_way_opens_lesson_0_and_reaches_the_exercises(co
     start.prepare(tmp_path / "c", course)
     port = free_port()
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt")}
-    cmd = start.lab_command(tmp_path / "c") + ["--no-browser", "--ip=127.0.0.1", f"--port={port}",
-                                               "--ServerApp.port_retries=0", "--IdentityProvider.token=",
-                                               "--allow-root"]
+    cmd = start.lab_command(tmp_path / "c", ["--no-browser", "--ip=127.0.0.1", f"--port={port}",
+                                             "--ServerApp.port_retries=0", "--IdentityProvider.token=",
+                                             "--allow-root"])
     server = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     class NoRedirect(urllib.request.HTTPRedirectHandler):

@@ -1,6 +1,7 @@
 """The `ampteach` command: doctor, bench, grade, data.
 
     ampteach start [DIR]             # your own course folder (lessons, exercises), opened in JupyterLab
+    ampteach start -- --allow-root   # options after `--` go to JupyterLab (--allow-root, --port N, --no-browser)
     ampteach doctor                  # what this machine can do with mixed precision, and what to use
     ampteach bench --device auto     # E.6.1: fp32 vs fp16 vs bf16, torch.amp vs ampteach
     ampteach grade exercises/*.ipynb # run the check cells, print a per-check table and a score
@@ -41,9 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def split_passed_on(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the command's own arguments, the ones after `--` it hands on), for a command whose module names
+    where they go (PASSES_ON: `ampteach start DIR -- --allow-root` passes `--allow-root` to JupyterLab).
+    For any other command `--` is argparse's own end of options and stays."""
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    command = next((a for a in argv[:cut] if not a.startswith("-")), None)
+    if command not in COMMANDS or not hasattr(importlib.import_module(COMMANDS[command]), "PASSES_ON"):
+        return argv, []
+    return argv[:cut], argv[cut + 1:]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    own, passed_on = split_passed_on(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(own)
+    args.passed_on = passed_on
     if args.command is None:
         parser.print_help()
         return 2

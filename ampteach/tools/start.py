@@ -1,7 +1,9 @@
 """Your own course folder: the lessons and exercises copied there, and JupyterLab opened at its root.
 
-    $ ampteach start                   # ./ampteach-course, then JupyterLab on lesson 0
+    $ ampteach start                   # ./ampteach-course, then JupyterLab on lesson 0; inside a course
+                                       # folder (or below one): that folder, brought up to date
     $ ampteach start ~/amp --no-lab    # only prepare the folder (for scripts, tests, a teacher's image)
+    $ ampteach start -- --allow-root --port 8890 --no-browser   # after `--`: JupyterLab's own options
     from ampteach.tools.start import prepare; report = prepare(Path("ampteach-course"))
 
 The folder gets notebooks/ (the lessons, with the outputs they were saved with), exercises/ (each
@@ -20,7 +22,11 @@ Running it again never overwrites your work. .ampteach/start.json records a hash
 was written. A file you have not changed is brought up to date; a file you changed (your answers, a
 lesson you ran) stays as it is, and if the course's version of it changed since, the new one is
 written beside it as NAME.fresh.ipynb. A file you deleted is written again: delete an exercise and
-run `ampteach start` to start it over.
+run `ampteach start` to start it over. It says which files it kept and which fresh copies it wrote.
+
+A course folder is a folder holding .ampteach/start.json. Run without DIR inside one, or in any folder
+below one, `ampteach start` updates that folder (its README says to run it there) rather than making
+a new ./ampteach-course inside it; a DIR inside a course folder is refused, with what to do instead.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import site
 import subprocess
 import sys
@@ -38,14 +45,15 @@ from pathlib import Path
 from ampteach.grading.exercises import is_untouched_exercise, learner_notebooks
 from ampteach.tools.course_map import course_sections, lesson_number
 
-__all__ = ["DEFAULT_FOLDER", "FIRST_LESSON", "CourseFiles", "Prepared", "find_course", "checkout_files",
-           "installed_files", "prepare", "lab_command", "add_arguments", "run"]
+__all__ = ["DEFAULT_FOLDER", "FIRST_LESSON", "PASSES_ON", "CourseFiles", "Prepared", "find_course", "checkout_files",
+           "installed_files", "course_folder_of", "choose_folder", "prepare", "lab_command", "add_arguments", "run"]
 
 DEFAULT_FOLDER = Path("ampteach-course")
 FIRST_LESSON = "notebooks/00_start_here.ipynb"
 MANIFEST = Path(".ampteach/start.json")
 CHECKOUT = Path(__file__).resolve().parents[2]      # ampteach/tools/start.py -> the course checkout, if any
 COURSE_MAP = "course/README.md"
+PASSES_ON = "JupyterLab"      # `ampteach start ... -- ARGS`: tools/cli.py hands ARGS to JupyterLab (args.passed_on)
 
 
 class CourseNotFound(Exception):
@@ -136,10 +144,28 @@ def workspace_readme(map_text: str, files: dict[str, str]) -> str:
         else:
             lines.append("- More exercises")
         lines += [f"  - exercise: {link('exercises', name)}" for name in section.exercises]
-    lines += ["", "Run `ampteach start` here again to bring the course up to date: a file you changed stays as it is,",
-              "and if the course's version changed, the new one is written beside it as NAME.fresh.ipynb. Delete a",
-              "file and run it again to get the course's version back (an exercise to start over).", ""]
+    lines += ["", "Run `ampteach start` here again (or in any folder inside this one) to bring the course up to date:",
+              "a file you changed stays as it is, and if the course's version changed, the new one is written beside",
+              "it as NAME.fresh.ipynb. Delete a file and run it again to get the course's version back (an exercise",
+              "to start over). Options after `--` go to JupyterLab: `ampteach start -- --allow-root --port 8890`.", ""]
     return "\n".join(lines)
+
+
+def course_folder_of(path: Path) -> Path | None:
+    """The course folder `path` is, or lies in: the nearest folder at or above it holding .ampteach/start.json."""
+    path = Path(path).resolve()
+    return next((folder for folder in (path, *path.parents) if (folder / MANIFEST).is_file()), None)
+
+
+def choose_folder(given: Path | None) -> tuple[Path, bool]:
+    """(the folder `ampteach start [DIR]` prepares, whether it is the course folder the command runs in).
+
+    Given a DIR, that one. Without, the course folder the current directory is in or below, else
+    ./ampteach-course: so `ampteach start` run again inside a course folder updates it."""
+    if given is not None:
+        return Path(given), False
+    home = course_folder_of(Path.cwd())
+    return (home, True) if home is not None else (DEFAULT_FOLDER, False)
 
 
 # --- preparing the folder ---------------------------------------------------------------------------------
@@ -154,16 +180,28 @@ class Prepared:
     kept: list[str] = field(default_factory=list)        # changed by you: left as they are
     fresh: list[tuple[str, str]] = field(default_factory=list)   # (yours, the course's new version beside it)
 
+    first: bool = False    # the folder had no record of an earlier run: everything was copied
+
     def describe(self, where: str) -> str:
+        """What this run did, naming every file it kept as yours and every fresh copy it wrote beside one."""
         lines = [f"your course folder: {self.folder} (from {where})"]
-        if self.written:
-            lines.append(f"  copied {len(self.written)} file(s)")
+        if self.written and self.first:
+            lessons = sum(p.startswith("notebooks/") for p in self.written)
+            exercises = sum(p.startswith("exercises/") for p in self.written)
+            lines.append(f"  copied the course: {lessons} lesson(s) into notebooks/, {exercises} exercise(s) into "
+                         f"exercises/, and README.md (what is where, in course order)")
+        elif self.written:
+            lines += [f"  copied {len(self.written)} file(s) that were missing:", *(f"    {p}" for p in self.written)]
         if self.updated:
-            lines.append(f"  updated {len(self.updated)} file(s) you had not changed: {', '.join(self.updated)}")
+            lines += [f"  updated {len(self.updated)} file(s) you had not changed to the course's version:",
+                      *(f"    {p}" for p in self.updated)]
         if self.kept:
-            lines.append(f"  kept {len(self.kept)} file(s) you changed, as they are")
-        for yours, fresh in self.fresh:
-            lines.append(f"  the course's {yours} changed since you got it: yours is kept, the new one is {fresh}")
+            lines += [f"  kept {len(self.kept)} file(s) you changed, as they are:", *(f"    {p}" for p in self.kept)]
+        if self.fresh:
+            lines += ["  the course changed these since you got them: yours is kept, the new version is beside it:",
+                      *(f"    {yours} -> {fresh}" for yours, fresh in self.fresh)]
+        if not (self.written or self.updated or self.kept):
+            lines.append("  up to date: every file is the course's current version")
         return "\n".join(lines)
 
 
@@ -195,8 +233,13 @@ def prepare(folder: Path, course: CourseFiles | None = None) -> Prepared:
     if folder.resolve() == CHECKOUT and (CHECKOUT / "solutions").is_dir():
         raise FileExistsError(f"{folder} is the course's own checkout; give `ampteach start` a folder of your own")
     manifest = folder / MANIFEST
+    owner = course_folder_of(folder.resolve().parent)
+    if owner is not None and not manifest.is_file():
+        raise FileExistsError(f"{folder} is inside your course folder {owner}, so it would be a second copy of the "
+                              f"course there; to update yours, run `ampteach start` (without DIR) in {owner} or "
+                              f"any folder below it; for a new course folder, give a DIR outside it")
     given: dict[str, str] = json.loads(manifest.read_text())["files"] if manifest.is_file() else {}
-    done = Prepared(folder)
+    done = Prepared(folder, first=not given)
     for relative, text in course.files.items():
         target = folder / relative
         if not target.exists():
@@ -224,35 +267,54 @@ def prepare(folder: Path, course: CourseFiles | None = None) -> Prepared:
     return done
 
 
-def lab_command(folder: Path) -> list[str]:
-    """JupyterLab rooted at `folder` (lessons and exercises both in reach), opening lesson 0."""
+def lab_command(folder: Path, extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """JupyterLab rooted at `folder` (lessons and exercises both in reach), opening lesson 0; `extra` are
+    JupyterLab's own options (`--allow-root`, `--port 8890`, `--no-browser`), last, so they win."""
     return [sys.executable, "-m", "jupyter", "lab", f"--ServerApp.root_dir={Path(folder).resolve()}",
-            f"--LabApp.default_url=/lab/tree/{FIRST_LESSON}"]
+            f"--LabApp.default_url=/lab/tree/{FIRST_LESSON}", *extra]
 
 
 # --- the command ----------------------------------------------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("folder", nargs="?", type=Path, default=DEFAULT_FOLDER, metavar="DIR",
-                        help=f"your course folder (default: ./{DEFAULT_FOLDER}; created if missing)")
+    parser.usage = "ampteach start [-h] [--no-lab] [DIR] [-- JUPYTERLAB_OPTIONS ...]"
+    parser.add_argument("folder", nargs="?", type=Path, default=None, metavar="DIR",
+                        help=f"your course folder (default: the course folder you are in, else ./{DEFAULT_FOLDER}; "
+                             "created if missing)")
     parser.add_argument("--no-lab", action="store_true", help="only prepare the folder; do not start JupyterLab")
+    parser.epilog = ("options after `--` go to JupyterLab as they are:\n"
+                     "  ampteach start -- --allow-root     as root (a container, a lab image)\n"
+                     "  ampteach start -- --port 8890 --no-browser")
+
+
+def _is_root() -> bool:
+    return getattr(os, "geteuid", lambda: -1)() == 0
 
 
 def run(args: argparse.Namespace) -> int:
+    extra = list(getattr(args, "passed_on", []) or [])
+    folder, here = choose_folder(args.folder)
     try:
         course = find_course()
-        done = prepare(args.folder, course)
+        done = prepare(folder, course)
     except (CourseNotFound, FileExistsError) as error:
         print(f"ampteach start: {error}", file=sys.stderr)
         return 2
+    if here:
+        print(f"you are in your course folder {folder}: bringing it up to date (`ampteach start DIR` makes another)")
     print(done.describe(course.where))
     if course.skipped:
         print(f"  not handed out (the installed copies hold changes): {', '.join(course.skipped)}")
     if args.no_lab:
-        print(f"open it with: cd {args.folder} && jupyter lab")
+        print(f"open it with: cd {folder} && jupyter lab {' '.join(extra)}".rstrip())
         return 0
-    print(f"starting JupyterLab in {args.folder} (stop it with Ctrl-C)")
+    print(f"starting JupyterLab in {folder} (stop it with Ctrl-C)")
     try:
-        return subprocess.call(lab_command(args.folder), cwd=args.folder)
+        code = subprocess.call(lab_command(folder, extra), cwd=folder)
     except KeyboardInterrupt:
         return 0
+    if code != 0 and _is_root() and "--allow-root" not in extra:
+        again = " ".join(["ampteach start", *([str(args.folder)] if args.folder else []), "-- --allow-root"])
+        print("ampteach start: JupyterLab refuses to run as root unless told to, and you are root here (a container, "
+              f"a lab image?): run `{again}`", file=sys.stderr)
+    return code
