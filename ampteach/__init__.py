@@ -23,6 +23,7 @@ from ampteach.training.data import (DataFileError, DatasetNotFoundError, Fashion
                                     load_fashion_mnist, preload)
 from ampteach.training.models import cnn, mlp
 from ampteach.training.seeding import seed_everything
+from ampteach.training.course_device import course_device, cpu_only, gpu_skips
 from ampteach.training.config import History, TrainConfig
 from ampteach.training.train import evaluate, train
 
@@ -75,7 +76,8 @@ _moved.install()
 
 __all__ = [
     "DataFileError", "DatasetNotFoundError", "FashionMNIST", "course_split", "load_fashion_mnist", "preload",
-    "cnn", "mlp", "seed_everything", "History", "TrainConfig", "evaluate", "train",
+    "cnn", "mlp", "seed_everything", "course_device", "cpu_only", "gpu_skips", "History", "TrainConfig", "evaluate",
+    "train",
     "FORMATS", "FloatFormat", "bit_string", "decode", "encode", "format_table", "grid_near", "like_torch",
     "round_to_bf16", "round_to_format", "ulp",
     "GradScaler", "OptState", "StaticLossScaler", "ShrinkGradients", "collect_gradients",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
@@ -58,3 +59,35 @@ def test_lesson_9_and_10_sections_measure_what_the_lessons_claim_on_the_cpu():
     for dtype in ("bfloat16", "float16"):   # the CPU sums in fp32 (lesson 10); a bf16 accumulator reproduces little
         shares = dict(zip(("bf16", "fp16", "14", "16", "20", "fp32", "float64"), accumulators[dtype]))
         assert float(shares["fp32"].rstrip("%")) >= 95 and float(shares["bf16"].rstrip("%")) <= 5, shares
+
+
+def test_every_lesson_runs_on_the_chosen_device_and_is_summarised(tmp_path):
+    """benchmarks/run_lessons.py on two tiny lessons with --device cpu: each runs in a kernel that sees
+    AMPTEACH_DEVICE, a failing cell is recorded and the next still runs, and the summary says it all."""
+    import json
+
+    import nbformat
+
+    lessons = tmp_path / "notebooks"
+    lessons.mkdir()
+    first = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("import os, ampteach\ndevice = ampteach.course_device()\n"
+                                  "print(os.environ['AMPTEACH_DEVICE'], device)"),
+        nbformat.v4.new_code_cell("1 / 0"),
+        nbformat.v4.new_code_cell("after = 1")])
+    second = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 2")])
+    for name, nb in (("00_first.ipynb", first), ("01_second.ipynb", second)):
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, lessons / name)
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run_lessons.py"), "--device", "cpu",
+                           "--out", str(out), "--notebooks", str(lessons), "--cell-timeout", "120"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr            # a cell failed
+    summary = json.loads((out / "summary.json").read_text())
+    rows = {r["lesson"]: r for r in summary["lessons"]}
+    assert rows["00_first"]["failed"] == [{"cell": 2, "error": "ZeroDivisionError: division by zero"}]
+    assert rows["00_first"]["ran"] == 3 and rows["01_second"]["failed"] == []
+    executed = nbformat.read(out / "00_first.ipynb", as_version=4)
+    assert "cpu cpu" in executed.cells[0].outputs[0]["text"]
+    assert "| 00_first |" in (out / "summary.md").read_text() and summary["device"] == "cpu"
