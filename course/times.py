@@ -90,8 +90,8 @@ def estimate(path: Path) -> dict:
             "optional": 5 * round(extra["minutes"] / 5) if deeper else 0, "deeper": extra}
 
 
-_ROW = re.compile(r"^(\|[^|]*\| \[((?:notebooks|exercises)/[\w.-]+\.ipynb)\].*\| )(\d+ min(?: \(\+\d+ optional\))?)( \|)$",
-                  flags=re.M)
+TIME = r"\d+ min(?: \(\+\d+ optional\))?"       # "35 min", "35 min (+20 optional)"
+_ROW = re.compile(r"^(\|[^|]*\| \[((?:notebooks|exercises)/[\w.-]+\.ipynb)\].*\| )(" + TIME + r")( \|)$", flags=re.M)
 
 
 def time_cell(path: Path) -> str:

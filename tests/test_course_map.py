@@ -46,7 +46,7 @@ def test_the_time_column_is_the_rule_course_times_computes():
     spec = importlib.util.spec_from_file_location("course_times", ROOT / "course" / "times.py")
     times = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(times)
-    rows = re.findall(r"^\|[^|]*\| \[((?:notebooks|exercises)/[\w.-]+\.ipynb)\].*\| (\d+ min(?: \(\+\d+ optional\))?) \|$",
+    rows = re.findall(r"^\|[^|]*\| \[((?:notebooks|exercises)/[\w.-]+\.ipynb)\].*\| (" + times.TIME + r") \|$",
                       (ROOT / "course" / "README.md").read_text(), flags=re.M)
     assert len(rows) == len(on_disk()) - len(list((ROOT / "solutions").glob("*.ipynb")))
     for path, cell in rows:
