@@ -135,6 +135,13 @@ def test_no_page_shows_a_traceback(pages):
     assert not broken, f"pages with a traceback outside a raises-exception cell: {broken}"
 
 
+def test_no_page_names_an_author_sphinx_made_up(pages):
+    """Sphinx's default author is "Author name not set", which the book theme prints as every page's footer."""
+    said = {path: page.get_text(" ", strip=True) for path, page in pages.items()}
+    assert not [path for path, text in said.items() if "Author name not set" in text or "By Author" in text]
+    assert not [path for path, page in pages.items() if page.select(".component-author")]
+
+
 def test_widgets_show_their_saved_state_with_a_note_that_they_are_live_in_jupyter(pages):
     lesson = pages[Path("notebooks/02_underflow_and_loss_scaling.html")]
     sliders = [w for w in lesson.select(".widget-static") if w.select_one('input[type="range"][max="44"]')]

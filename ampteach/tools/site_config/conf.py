@@ -13,6 +13,9 @@ from docutils import nodes
 
 project = "ampteach"
 html_title = "ampteach"          # `ampteach site` passes the README's title
+# No author line: the course names no author, and Sphinx's default ("Author name not set") would show in
+# every page's footer as "By Author name not set". The footer's items are dropped below as well.
+author = ""
 extensions = ["myst_nb"]
 exclude_patterns = ["_build", "**.ipynb_checkpoints"]
 
@@ -33,6 +36,7 @@ html_theme_options = {
     "use_fullscreen_button": False,
     "use_repository_button": False,
     "show_toc_level": 2,
+    "footer_content_items": [],          # the theme's default is the author line (see `author` above)
 }
 html_static_path = ["_static"]
 html_css_files = ["course.css"]
