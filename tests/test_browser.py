@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import importlib.util
 import json
 import os
 import re
@@ -239,12 +240,11 @@ class Lab:
             return f"(the server did not answer: {error})"
 
 
-@pytest.fixture
-def jupyterlab(tmp_path):
-    """A JupyterLab server (no token, localhost, a free port, fresh settings) over an unrun copy of lesson 2."""
-    work = tmp_path / "course"
-    work.mkdir()
-    unrun_copy(ROOT / "notebooks" / LESSON_2, work)
+@contextmanager
+def running_lab(tmp_path: Path, root: Path, command: list[str] | None = None):
+    """A JupyterLab server over `root` (no token, localhost, a free port, fresh settings), until the block ends.
+
+    `command` is how it is started, without the test's own options (default: `jupyter lab`)."""
     for plugin, settings in LAB_SETTINGS.items():
         path = tmp_path / "settings" / f"{plugin}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -254,13 +254,13 @@ def jupyterlab(tmp_path):
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces")}
     lab = Lab(f"http://127.0.0.1:{port}", tmp_path / "jupyterlab.log", tmp_path)
+    command = command or [sys.executable, "-m", "jupyter", "lab", f"--ServerApp.root_dir={root}"]
     with open(lab.log, "w") as log:
         server = subprocess.Popen(
-            [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+            [*command, "--no-browser", "--ip=127.0.0.1", f"--port={port}",
              "--ServerApp.port_retries=0", "--IdentityProvider.token=", "--ServerApp.password=", "--allow-root",
-             "--LabApp.expose_app_in_browser=True", f"--ServerApp.root_dir={work}",
-             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-            env=env, stdout=subprocess.DEVNULL, stderr=log)
+             "--LabApp.expose_app_in_browser=True", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+            cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=log)
         try:
             deadline = time.monotonic() + 120
             while True:
@@ -280,6 +280,16 @@ def jupyterlab(tmp_path):
             except subprocess.TimeoutExpired:
                 server.kill()
                 server.wait()
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    """A JupyterLab server over an unrun copy of lesson 2."""
+    work = tmp_path / "course"
+    work.mkdir()
+    unrun_copy(ROOT / "notebooks" / LESSON_2, work)
+    with running_lab(tmp_path, work) as lab:
+        yield lab
 
 
 # JupyterLab's application, exposed by --LabApp.expose_app_in_browser once it has started (undefined before).
@@ -404,3 +414,39 @@ def test_lesson_2_runs_in_jupyterlab_and_its_loss_scale_slider_redraws_the_histo
         assert not errors, errors
     page.close()
     assert browser.outside[outside_before:] == [], "JupyterLab asked for files outside this machine"
+
+
+# ---------------------------------------------------------------- nbgrader's Validate button on an exercise
+
+EXERCISE = "exercises/build_1_bf16_rounding.ipynb"
+VALIDATE_LIMIT_S = 600     # nbgrader runs the whole notebook in a new kernel, its check starts a judge: ~20 s quiet
+DIALOG = ".jp-Dialog"
+
+
+def test_jupyterlab_never_tells_a_learner_an_untouched_exercise_passes(browser, tmp_path):
+    """Where nbgrader is installed (a teacher's `.[teach]`, a developer's `.[dev]`), every notebook has a
+    Validate button: on an untouched exercise it reports the failed check, never "Success". A learner's
+    install (`pip install -e .`, no nbgrader) has no button at all."""
+    from ampteach.tools import start
+
+    folder = tmp_path / start.DEFAULT_FOLDER
+    start.prepare(folder, start.find_course())
+    with running_lab(tmp_path, folder, start.lab_command(folder)) as lab:
+        page = browser.new_page()
+        errors = watch(page)
+        with explained(page, lab, errors):
+            page.goto(f"{lab.url}/lab/tree/{EXERCISE}?reset")
+            page.wait_for_function(KERNEL_IDLE, timeout=300_000, polling=500)
+            assert page.evaluate(PAGE_STATE)["notebook"] == Path(EXERCISE).name
+            button = page.locator(".jp-NotebookPanel-toolbar .validate-button")
+            if importlib.util.find_spec("nbgrader") is None:
+                assert button.count() == 0, "a Validate button without nbgrader"
+            else:
+                button.click()
+                dialog = page.locator(DIALOG, has_text="Validation Results")
+                dialog.wait_for(timeout=VALIDATE_LIMIT_S * 1000)
+                said = dialog.inner_text()
+                assert dialog.locator(".validation-failed").count() == 1, said
+                assert "check_round_to_bf16(round_to_bf16)" in said and "NotImplementedError" in said, said
+            assert "Success" not in page.locator("body").inner_text()
+        page.close()
