@@ -19,12 +19,10 @@ def split_requirement(spec: str) -> tuple[str, str]:
 
 
 def pyproject_requirements() -> dict[str, str]:
-    """Core and dev requirements; dev's own extras (`ampteach[site]`, ...) come from environment.yml's
-    pip section, which installs `.[dev]`, so they are left out here."""
+    """The core requirements: a learner's install (`pip install -e .`), which environment.yml mirrors."""
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    specs = project["dependencies"] + project["optional-dependencies"]["dev"]
-    return dict(split_requirement(s) for s in specs if not s.startswith(f"{project['name']}["))
+    return dict(split_requirement(s) for s in project["dependencies"])
 
 
 def test_dev_pulls_in_the_site_and_comparison_extras():
@@ -51,10 +49,55 @@ def test_environment_yml_names_the_same_packages_and_versions_as_pyproject():
     assert environment_requirements() == pyproject_requirements()
 
 
-def test_environment_yml_uses_conda_forge_and_installs_this_project_last():
+def test_environment_yml_uses_conda_forge_and_installs_this_project_last_without_extras():
     text = (ROOT / "environment.yml").read_text()
     assert re.search(r"channels:\n  - conda-forge\n(?!  - )", text)
-    assert text.rstrip().endswith('- -e ".[dev]"')
+    assert text.rstrip().endswith("- -e .")
+
+
+TEACHER_TOOLS = {"nbgrader", "otter-grader"}
+
+
+def installed_closure(requirements: list[str]) -> set[str]:
+    """Every distribution `pip install` of `requirements` brings, as this environment's installed metadata says
+    (each package's requirements, with the extras asked for and the markers of this machine)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen: set[tuple[str, frozenset]] = set()
+    todo = [Requirement(r) for r in requirements]
+    names = set()
+    while todo:
+        req = todo.pop()
+        key = (canonicalize_name(req.name), frozenset(req.extras))
+        if key in seen:
+            continue
+        seen.add(key)
+        names.add(key[0])
+        try:
+            dist = metadata.distribution(req.name)
+        except metadata.PackageNotFoundError:
+            continue
+        for spec in dist.requires or []:
+            sub = Requirement(spec)
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in ("", *req.extras)):
+                todo.append(sub)
+    return names
+
+
+def test_a_learners_install_brings_no_teachers_tools():
+    """No nbgrader in a learner's JupyterLab: its Validate button would judge exercises by nbgrader's rules."""
+    pytest.importorskip("packaging")
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    learner = installed_closure(project["dependencies"])
+    assert {"torch", "jupyterlab", "nbval"} <= learner
+    assert not learner & TEACHER_TOOLS, f"the learner's install brings {sorted(learner & TEACHER_TOOLS)}"
+    extras = project["optional-dependencies"]
+    assert {split_requirement(r)[0] for r in extras["teach"]} == TEACHER_TOOLS
+    assert "ampteach[teach]" in extras["dev"]           # CI installs dev: the export tests need the graders
 
 
 def test_pyproject_core_dependencies_are_the_short_list():
@@ -72,22 +115,32 @@ def readme_quickstart_commands() -> list[str]:
     return [block.strip() for block in re.findall(r"```bash\n(.*?)```", quickstart, re.S)]
 
 
-def test_readme_quickstart_is_exactly_two_commands_install_and_test():
-    install, test = readme_quickstart_commands()
-    assert install.startswith('pip install -e ".[dev]"') and "ampteach start" in install
+def test_readme_quickstart_is_the_learners_install_the_developers_install_and_the_tests():
+    learner, developer, test = readme_quickstart_commands()
+    assert learner == "pip install -e . && ampteach start"          # no extras: no teacher's tools
+    assert developer == 'pip install -e ".[dev]"'
     assert test == "pytest"
-    assert "AMPTEACH_DATA" in (ROOT / "README.md").read_text()
+    text = (ROOT / "README.md").read_text()
+    assert "AMPTEACH_DATA" in text
+    assert "conda env create -f environment.yml && conda activate ampteach && ampteach start" in text
 
 
-def test_ci_installs_cpu_torch_then_the_readme_install_then_runs_the_readme_test_command():
-    install, test = readme_quickstart_commands()
+def test_ci_installs_cpu_torch_then_the_developers_install_then_runs_the_readme_test_command():
+    _, developer, test = readme_quickstart_commands()
     lines = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()
              if line.strip() and not line.strip().startswith("#")]
     pip_torch = lines.index("python -m pip install --quiet torch==2.13.0")
-    pip_project = lines.index("python -m pip install --quiet " + install.split(" && ")[0].removeprefix("pip install "))
+    pip_project = lines.index("python -m pip install --quiet " + developer.removeprefix("pip install "))
     assert pip_torch < pip_project
     assert lines[-1] == test
     assert "../shared/data/fashion-mnist-subset" in (ROOT / ".ci/run").read_text()
+
+
+def test_the_readme_export_example_does_not_write_into_the_checkouts_own_course_folder():
+    """`course/` is the course map's folder in a checkout; an nbgrader course goes in a folder of its own."""
+    text = (ROOT / "README.md").read_text()
+    exports = re.findall(r"ampteach export nbgrader (\S+)", text)
+    assert exports and all(not out.rstrip("/") == "course" for out in exports), exports
 
 
 def test_every_exported_name_resolves_and_every_module_imports():

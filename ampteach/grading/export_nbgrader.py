@@ -1,8 +1,8 @@
 """The course's exercises as an nbgrader course: `ampteach export nbgrader DIR`.
 
-    paths = export_nbgrader(Path("course"))   # course/nbgrader_config.py, course/source/<exercise>/<exercise>.ipynb
-    # then, in course/:  nbgrader generate_assignment build_2_loss_scale_update
-    #                    nbgrader autograde build_2_loss_scale_update && nbgrader export
+    paths = export_nbgrader(Path("nbgrader-course"))   # its nbgrader_config.py, source/<exercise>/<exercise>.ipynb
+    # then, in nbgrader-course/:  nbgrader generate_assignment build_2_loss_scale_update
+    #                             nbgrader autograde build_2_loss_scale_update && nbgrader export
 
 One assignment per exercise, named after it, holding that one notebook (why: ampteach/README's
 "Teaching with nbgrader or Otter"). Each notebook is its solution in solutions/ with nbgrader's cell

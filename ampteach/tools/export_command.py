@@ -1,7 +1,7 @@
 """`ampteach export`: the exercises for the graders schools already run, nbgrader and Otter-Grader.
 
-    $ ampteach export nbgrader course/          # course/nbgrader_config.py + course/source/<exercise>/<exercise>.ipynb
-    $ ampteach export otter otter/             # otter/<exercise>.ipynb: one Otter master notebook per exercise
+    $ ampteach export nbgrader nbgrader-course/  # its nbgrader_config.py + source/<exercise>/<exercise>.ipynb
+    $ ampteach export otter otter/              # otter/<exercise>.ipynb: one Otter master notebook per exercise
     $ ampteach export otter otter/ --exercise build_2_loss_scale_update --force
 
 Both are written from solutions/, as exercises/ is: a change to a solution reaches ampteach grade,
