@@ -237,7 +237,9 @@ def test_as_root_a_failed_jupyterlab_says_to_pass_allow_root(tmp_path, monkeypat
     monkeypatch.setattr(start.subprocess, "call", lambda cmd, cwd: 1)
     monkeypatch.setattr(start, "_is_root", lambda: True)
     assert cli.main(["start", str(tmp_path / "c")]) == 1
-    assert f"ampteach start {tmp_path / 'c'} -- --allow-root" in capsys.readouterr().err
+    assert f"ampteach start {tmp_path / 'c'} -- --allow-root`" in capsys.readouterr().err
+    assert cli.main(["start", str(tmp_path / "c"), "--", "--port", "8890"]) == 1
+    assert f"ampteach start {tmp_path / 'c'} -- --port 8890 --allow-root`" in capsys.readouterr().err
     assert cli.main(["start", str(tmp_path / "c"), "--", "--allow-root"]) == 1
     assert "--allow-root" not in capsys.readouterr().err
 

@@ -314,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     if code != 0 and _is_root() and "--allow-root" not in extra:
-        again = " ".join(["ampteach start", *([str(args.folder)] if args.folder else []), "-- --allow-root"])
+        again = " ".join(["ampteach start", *([str(args.folder)] if args.folder else []), "--", *extra, "--allow-root"])
         print("ampteach start: JupyterLab refuses to run as root unless told to, and you are root here (a container, "
               f"a lab image?): run `{again}`", file=sys.stderr)
     return code
