@@ -179,8 +179,7 @@ class Prepared:
     updated: list[str] = field(default_factory=list)     # unchanged by you, brought up to the course's version
     kept: list[str] = field(default_factory=list)        # changed by you: left as they are
     fresh: list[tuple[str, str]] = field(default_factory=list)   # (yours, the course's new version beside it)
-
-    first: bool = False    # the folder had no record of an earlier run: everything was copied
+    first: bool = False                                  # no record of an earlier run there: the course copied whole
 
     def describe(self, where: str) -> str:
         """What this run did, naming every file it kept as yours and every fresh copy it wrote beside one."""
