@@ -1149,8 +1149,8 @@ def test_any_way_of_clearing_torchs_cache_clears_the_weight_cast_cache(region, c
     assert cached_casts() == 0
 
 
-def test_the_weight_cast_cache_is_emptied_with_torchs_also_outside_any_region():
-    """ampteach's cache and torch's live and die together: a clear from any thread, at any nesting."""
+def test_the_weight_cast_cache_is_emptied_with_torchs_by_a_clear_from_another_thread():
+    """ampteach's cache and torch's live and die together: a bound clear from another thread, mid-region."""
     install()
     p, x = nn.Parameter(torch.rand(4, 4)), torch.rand(4, 4)
     with autocast("cpu"):
