@@ -106,6 +106,20 @@ def trusted_callers(*codes: Any) -> None:
     _TRUSTED.update(c for c in codes if c is not None)
 
 
+def _callbacks() -> frozenset:
+    """The library's functions that torch itself calls back (ampteach.autocast's weight-cast cache is emptied by a
+    weak reference's callback when torch's cache is): they run on torch's behalf wherever they interrupt."""
+    try:
+        from ampteach.amp import autocast_cache
+    except ImportError:
+        return frozenset()
+    return frozenset(getattr(getattr(autocast_cache, name, None), "__code__", None)
+                     for name in ("_torch_cache_emptied",)) - {None}
+
+
+_CALLBACKS = _callbacks()
+
+
 def _serves_torch(caller) -> bool:
     """Whether a library function was called on torch's behalf: by one of ampteach's autocast kernels (the
     dispatcher runs them for a torch op once they are registered; their code is generated under the file name
@@ -115,7 +129,7 @@ def _serves_torch(caller) -> bool:
     if caller is None:
         return False
     code = caller.f_code
-    return code in _TRUSTED or code.co_filename.startswith("<ampteach autocast kernel")
+    return code in _TRUSTED or code in _CALLBACKS or code.co_filename.startswith("<ampteach autocast kernel")
 
 
 def _autocast_codes() -> list:
@@ -251,7 +265,7 @@ class Borrowed:
                 name = op.__name__ if type(op) in _OP_TYPES else ""
                 if name.split(".")[0] in self.aten_ops:
                     self.refuse(f"torch.ops.aten.{name}")
-            elif (code.co_name != "<module>" and self._refused_file(code)
+            elif (code.co_name != "<module>" and code not in _CALLBACKS and self._refused_file(code)
                   and not _serves_torch(frame.f_back) and not self._let_through(frame)):
                 self.refuse(qualified(code, frame.f_globals.get("__name__")))
         elif event == "c_call":
