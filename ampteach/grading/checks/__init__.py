@@ -43,6 +43,7 @@ from ampteach.grading.checks.grad_scaler import (
 from ampteach.grading.checks.loss_scale_update import check_loss_scale_update, check_loss_scale_update_hidden
 from ampteach.grading.checks.master_step import check_master_step
 from ampteach.grading.checks.mx_blocks import ELEMENTS, check_mx_quantize, check_mx_quantize_hidden
+from ampteach.grading.checks.nvfp4_blocks import check_nvfp4_quantize, check_nvfp4_quantize_hidden, check_round_to_e2m1
 from ampteach.grading.checks.promoted_accumulation import (
     check_accumulate,
     check_accumulate_hidden,
@@ -63,7 +64,7 @@ from ampteach.grading.checks.when_amp_is_wrong import check_clip_threshold, chec
 
 MODULES = ("bf16_rounding", "loss_scale_update", "master_step", "sort_cast_lists", "amp_throughput",
            "when_amp_is_wrong", "grad_scaler", "autocast_mode", "transformer_dtypes", "static_scale", "scale_log",
-           "bug_hunt", "mx_blocks", "promoted_accumulation", "fp16_attention", "bf16_weight_decay")
+           "bug_hunt", "mx_blocks", "promoted_accumulation", "fp16_attention", "bf16_weight_decay", "nvfp4_blocks")
 SEALED = {"build_4_cast_lists": "sort_cast_lists", "predict_transformer_dtypes": "transformer_dtypes"}
 
 
@@ -108,4 +109,5 @@ __all__ = ["CheckFailed", "course_check", "sealed_watch", "CHECKS", "check_round
            "check_bug_hunt_hidden", "ELEMENTS", "check_mx_quantize", "check_mx_quantize_hidden",
            "check_round_to_bits", "check_round_to_bits_hidden", "check_accumulate", "check_accumulate_hidden",
            "check_fp16_attention", "check_fp16_attention_hidden", "check_decay_is_lost", "check_decay_is_lost_hidden",
-           "check_keep_decay", "check_keep_decay_hidden"]
+           "check_keep_decay", "check_keep_decay_hidden", "check_round_to_e2m1", "check_nvfp4_quantize",
+           "check_nvfp4_quantize_hidden"]

@@ -30,7 +30,7 @@ __all__ = ["JUDGES", "MODULES", "Verdict", "judge", "run_check", "load", "exerci
 
 MODULES = ("bf16_rounding", "loss_scale_update", "master_step", "sort_cast_lists", "amp_throughput",
            "when_amp_is_wrong", "grad_scaler", "autocast_mode", "transformer_dtypes", "static_scale", "scale_log",
-           "bug_hunt", "mx_blocks", "promoted_accumulation", "fp16_attention", "bf16_weight_decay")
+           "bug_hunt", "mx_blocks", "promoted_accumulation", "fp16_attention", "bf16_weight_decay", "nvfp4_blocks")
 JUDGES: dict[str, Callable[..., str]] = {}
 
 
