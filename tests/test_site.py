@@ -384,3 +384,27 @@ def test_the_command_runs_from_any_folder_and_says_what_is_wrong(small_course, t
     (tmp_path / "mine/notes.txt").write_text("keep me")
     assert cli.main(["site", "--out", "mine", "--root", str(small_course)]) == 2
     assert "not empty" in capsys.readouterr().err and (tmp_path / "mine/notes.txt").is_file()
+
+
+def test_lessons_executed_on_a_gpu_are_shown_beside_the_cpu_ones_labelled_with_their_gpu(tmp_path):
+    """benchmarks/run_lessons.py's copies (ampteach/results/gpu/<machine>/) become a section of the site named
+    after the GPU, its summary first; without any, the site has no such section."""
+    import json
+
+    import nbformat
+
+    from ampteach.tools.website import gpu_runs, stage_gpu_runs
+
+    assert stage_gpu_runs(tmp_path, tmp_path / "src") == "" and gpu_runs(tmp_path) == []
+    run = tmp_path / "ampteach" / "results" / "gpu" / "cuda-nvidia-h100"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"device_name": "NVIDIA H100 80GB HBM3", "lessons": []}))
+    (run / "summary.md").write_text("# The lessons on NVIDIA H100 80GB HBM3\n")
+    cell = nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["nbval-ignore-output"]})
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    nbformat.write(nb, run / "00_start_here.ipynb")
+    trees = stage_gpu_runs(tmp_path, tmp_path / "src")
+    assert ":caption: The lessons on NVIDIA H100 80GB HBM3" in trees
+    assert "gpu/cuda-nvidia-h100/index" in trees and "gpu/cuda-nvidia-h100/00_start_here" in trees
+    staged = nbformat.read(tmp_path / "src" / "gpu" / "cuda-nvidia-h100" / "00_start_here.ipynb", as_version=4)
+    assert "nbval-ignore-output" not in staged.cells[0].metadata.get("tags", [])

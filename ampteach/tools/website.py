@@ -35,6 +35,7 @@ from ampteach.tools.course_map import LINK, Section, course_sections, lesson_num
 
 __all__ = ["CourseNotFound", "Site", "find_root", "resolve_link", "is_page", "course_sections_of", "course_pages",
            "Links", "widget_snapshot", "without_test_marks", "static_notebook", "index_markdown", "stage", "build",
+           "gpu_runs", "stage_gpu_runs",
            "article_is_main",
            "add_arguments", "run"]
 
@@ -336,6 +337,41 @@ def index_markdown(links: Links, sections: list[Section]) -> str:
     return f"{text.rstrip()}\n\n" + "\n".join(trees)
 
 
+GPU_RUNS = Path("ampteach", "results", "gpu")     # benchmarks/run_lessons.py's executed copies, one folder a GPU
+
+
+def gpu_runs(root: Path) -> list[tuple[str, str, list[str]]]:
+    """(folder, GPU name, lesson names) of every set of lessons executed on a GPU (gpu/<machine>/summary.json)."""
+    import json
+
+    runs = []
+    for summary in sorted((root / GPU_RUNS).glob("*/summary.json")):
+        data = json.loads(summary.read_text(encoding="utf-8"))
+        lessons = [p.stem for p in sorted(summary.parent.glob("*.ipynb"))]
+        runs.append((summary.parent.name, str(data.get("device_name", summary.parent.name)), lessons))
+    return runs
+
+
+def stage_gpu_runs(root: Path, src: Path) -> str:
+    """Each GPU's executed lessons as pages beside the CPU ones (gpu/<machine>/), with its summary as the section's
+    first page, labelled with the GPU; the toctrees to add to the index ("" where no lesson ran on a GPU)."""
+    trees = []
+    for folder, name, lessons in gpu_runs(root):
+        staged = src / "gpu" / folder
+        staged.mkdir(parents=True, exist_ok=True)
+        summary = (root / GPU_RUNS / folder / "summary.md").read_text(encoding="utf-8")
+        (staged / "index.md").write_text(summary, encoding="utf-8")
+        for lesson in lessons:
+            nb = nbformat.read(root / GPU_RUNS / folder / f"{lesson}.ipynb", as_version=4)
+            for cell in nb.cells:
+                without_test_marks(cell)
+            nbformat.write(nb, staged / f"{lesson}.ipynb")
+        entries = [f"gpu/{folder}/index"] + [f"gpu/{folder}/{lesson}" for lesson in lessons]
+        trees.append(f"```{{toctree}}\n:hidden:\n:maxdepth: 1\n:caption: The lessons on {name}\n\n"
+                     + "\n".join(entries) + "\n```\n")
+    return "\n".join(trees)
+
+
 def course_title(root: Path) -> str:
     readme = root / "README.md"
     if readme.is_file():
@@ -356,7 +392,8 @@ def stage(root: Path, pages: list[Path], src: Path) -> list[str]:
     for page in pages:
         (src / page).parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(static_notebook(links, page), src / page)
-    (src / "index.md").write_text(index_markdown(links, course_sections_of(root)), encoding="utf-8")
+    (src / "index.md").write_text(index_markdown(links, course_sections_of(root)) + stage_gpu_runs(root, src),
+                                  encoding="utf-8")
     for image in links.images:
         (src / image).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / image, src / image)
