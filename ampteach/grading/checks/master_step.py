@@ -12,6 +12,8 @@ learner's functions run, the library's MasterWeights (ampteach/amp/master.py) is
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -20,7 +22,7 @@ from ampteach.grading.checks.driver import plan, watch
 from ampteach.grading.checks.visible import run_judge
 from ampteach.grading.checks.watches import Borrowed, package_files
 
-__all__ = ["BECAUSE", "OPTIMIZERS", "check_master_step", "make_optimizer", "o2_problem", "o2_batch"]
+__all__ = ["BECAUSE", "OPTIMIZERS", "check_master_step", "make_optimizer", "o2_problem", "o2_batch", "o2_steps"]
 
 BECAUSE = ("the exercise is to keep the fp32 copies and move gradients and weights between them yourself "
            "(ampteach.MasterWeights is the course's version, for comparing after you pass)")
@@ -60,39 +62,51 @@ def scaled_backward(net: torch.nn.Module, scaler, x, y, step: int) -> None:
         next(net.parameters()).grad[0, 0] = float("inf")
 
 
-@plan("master_step.steps")
-def run_steps(opt_name: str, data_seed: int, *, make_master_copies, master_step) -> dict:
-    """make_master_copies on the half model, then STEPS steps with master_step: what each step leaves."""
+def _check_pairs(pairs, params: list) -> None:
+    if not isinstance(pairs, list) or len(pairs) != len(params):
+        raise CheckFailed(f"make_master_copies: expected a list of {len(params)} (half, fp32) pairs, "
+                          f"got {pairs!r:.200}")
+    for i, pair in enumerate(pairs):
+        p, m = pair if isinstance(pair, (tuple, list)) and len(pair) == 2 else (None, None)
+        if p is not params[i] or not isinstance(m, torch.Tensor) or m.dtype != torch.float32 \
+                or not m.requires_grad or not torch.equal(m, p.float()):
+            raise CheckFailed(f"make_master_copies, pair {i}: expected (the model's parameter {i}, an fp32 leaf "
+                              f"copy with requires_grad and the same values), got "
+                              f"({getattr(p, 'dtype', p)} {tuple(getattr(p, 'shape', ()))}, "
+                              f"{getattr(m, 'dtype', m)} requires_grad={getattr(m, 'requires_grad', None)})")
+        if m.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
+            raise CheckFailed(f"make_master_copies, pair {i}: the fp32 copy must not share memory with the model")
+
+
+def o2_steps(make_master_copies, master_step, opt_name: str, data_seed: int, watched: bool = True) -> list[dict]:
+    """make_master_copies on the half model, then STEPS steps, master_step after each scaled backward: what each
+    step leaves. The learner's process runs it with the learner's functions (watched); the judge with the course's
+    MasterWeights (not watched)."""
+    def guard(fn):
+        return own_copies(getattr(fn, "__name__", "function")) if watched else contextlib.nullcontext()
+
     with one_thread():
-        mine = o2_problem()
-        params = list(mine.parameters())
-        with own_copies(getattr(make_master_copies, "__name__", "make_master_copies")):
-            pairs = make_master_copies(mine)
-        if not isinstance(pairs, list) or len(pairs) != len(params):
-            raise CheckFailed(f"make_master_copies: expected a list of {len(params)} (half, fp32) pairs, "
-                              f"got {pairs!r:.200}")
-        for i, pair in enumerate(pairs):
-            p, m = pair if isinstance(pair, (tuple, list)) and len(pair) == 2 else (None, None)
-            if p is not params[i] or not isinstance(m, torch.Tensor) or m.dtype != torch.float32 \
-                    or not m.requires_grad or not torch.equal(m, p.float()):
-                raise CheckFailed(f"make_master_copies, pair {i}: expected (the model's parameter {i}, an fp32 leaf "
-                                  f"copy with requires_grad and the same values), got "
-                                  f"({getattr(p, 'dtype', p)} {tuple(getattr(p, 'shape', ()))}, "
-                                  f"{getattr(m, 'dtype', m)} requires_grad={getattr(m, 'requires_grad', None)})")
-            if m.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
-                raise CheckFailed(f"make_master_copies, pair {i}: the fp32 copy must not share memory with the model")
+        model = o2_problem()
+        with guard(make_master_copies):
+            pairs = make_master_copies(model)
+        _check_pairs(pairs, list(model.parameters()))
         opt = make_optimizer(opt_name, [m for _, m in pairs])
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
         gen = torch.Generator().manual_seed(data_seed)
         steps = []
         for step in range(STEPS):
             x, y = o2_batch(gen)
-            scaled_backward(mine, scaler, x, y, step)
-            with own_copies(getattr(master_step, "__name__", "master_step")):
+            scaled_backward(model, scaler, x, y, step)
+            with guard(master_step):
                 master_step(pairs, opt, scaler)
             steps.append({"scale": scaler.get_scale(), "masters": [m.detach().clone() for _, m in pairs],
                           "params": [p.detach().clone() for p, _ in pairs]})
-        return {"steps": steps}
+        return steps
+
+
+@plan("master_step.steps")
+def run_steps(opt_name: str, data_seed: int, *, make_master_copies, master_step) -> dict:
+    return {"steps": o2_steps(make_master_copies, master_step, opt_name, data_seed)}
 
 
 def check_master_step(make_master_copies, master_step) -> None:

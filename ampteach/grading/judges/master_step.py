@@ -11,16 +11,7 @@ from __future__ import annotations
 import torch
 
 from ampteach.grading.checks.common import CheckFailed
-from ampteach.grading.checks.master_step import (
-    BECAUSE,
-    OPTIMIZERS,
-    OVERFLOW_AT,
-    STEPS,
-    make_optimizer,
-    o2_batch,
-    o2_problem,
-    scaled_backward,
-)
+from ampteach.grading.checks.master_step import BECAUSE, OPTIMIZERS, OVERFLOW_AT, STEPS, o2_steps
 from ampteach.grading.judges import judge
 from ampteach.grading.judges.learner import Learner, Ref
 from ampteach.grading.judges.scan import refuse_uses
@@ -29,24 +20,22 @@ LIBRARY = {"MasterWeights", "grads_to_master", "master_to_model"}
 
 
 def reference_steps(opt_name: str, data_seed: int) -> list[dict]:
+    """The same steps with the course's MasterWeights and torch.amp.GradScaler."""
     from ampteach.amp.master import MasterWeights
 
-    model = o2_problem()
-    master = MasterWeights(model)
-    opt = make_optimizer(opt_name, master.params)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
-    gen = torch.Generator().manual_seed(data_seed)
-    out = []
-    for step in range(STEPS):
-        x, y = o2_batch(gen)
-        scaled_backward(model, scaler, x, y, step)
-        master.grads_to_master()
+    held: list[MasterWeights] = []
+
+    def make_copies(model):
+        held.append(MasterWeights(model))
+        return list(held[0].pairs)
+
+    def step(pairs, opt, scaler) -> None:
+        held[0].grads_to_master()
         scaler.step(opt)
         scaler.update()
-        master.master_to_model()
-        out.append({"scale": scaler.get_scale(), "masters": [n.detach().clone() for _, n in master.pairs],
-                    "params": [q.detach().clone() for q, _ in master.pairs]})
-    return out
+        held[0].master_to_model()
+
+    return o2_steps(make_copies, step, opt_name, data_seed, watched=False)
 
 
 @judge("check_master_step")
