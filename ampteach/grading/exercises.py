@@ -14,7 +14,9 @@ In a solution notebook (nbgrader's markers, plus one for starter code):
                                                        (nbgrader's HIDDEN TESTS markers work the same way)
 Outputs, execution counts and widget state are cleared, so a learner starts from a clean notebook.
 The notebook's metadata names its exercise (`metadata.ampteach.exercise`), and its check cells (cells
-that call a `check_...` function) are marked read-only and undeletable for JupyterLab.
+that call a `check_...` function) are marked read-only and undeletable for JupyterLab, and carry
+nbgrader's metadata of a graded test, so that where nbgrader is installed its Validate button runs
+the course's checks (and fails an unfinished exercise) instead of reporting success.
 
 A learner's work is never overwritten. Each exercise file records a fingerprint of its cells as they
 were written (`metadata.ampteach.generated`: a hash of every cell's type and source), which tells the
