@@ -26,11 +26,21 @@ from torch import Tensor, nn
 from ampteach.amp.fp4 import fp4_fake_quantize
 from ampteach.amp.hadamard import random_signs, rht, rht_matrix
 from ampteach.amp.mx import mx_fake_quantize
-from ampteach.amp.nvfp4 import E2M1, block_amax, nvfp4_fake_quantize, nvfp4_four_over_six, per_tensor_scale, round_e2m1
+from ampteach.amp.nvfp4 import (
+    E2M1,
+    block_amax,
+    nvfp4_fake_quantize,
+    nvfp4_four_over_six,
+    nvfp4_quantize,
+    per_tensor_scale,
+    round_e2m1,
+)
 from ampteach.lab.plots import course_style
+from ampteach.training.machine import best_seconds
 
-__all__ = ["VARIANTS", "relative_error", "plot_e2m1_grid", "gpt_tensors", "scale_errors", "plot_scale_errors",
-           "scale_sweep", "plot_scale_sweep", "outlier_sweep",
+__all__ = ["VARIANTS", "relative_error", "plot_e2m1_grid", "gpt_tensors", "scale_errors", "error_table",
+           "plot_scale_errors", "scale_sweep", "plot_scale_sweep", "outlier_sweep", "outlier_table", "rht_cost",
+           "one_rounding",
            "plot_outlier_sweep", "rounding_drift", "plot_rounding_drift", "transpose_mismatch",
            "plot_transpose_mismatch", "four_over_six_errors", "noise_threshold", "plot_noise_threshold"]
 
@@ -91,6 +101,15 @@ def scale_errors(tensors: dict[str, Sequence[Tensor]], variants: dict | None = N
     variants = variants or VARIANTS
     return {(kind, name): relative_error([_quantize(t, v) for t in ts], ts)
             for kind, ts in tensors.items() for name, v in variants.items()}
+
+
+def error_table(errors: dict[tuple[str, str], float]) -> str:
+    """scale_errors' result as a table: one row per variant, one column per kind of tensor."""
+    kinds = list(dict.fromkeys(k for k, _ in errors))
+    names = list(dict.fromkeys(n for _, n in errors))
+    rows = [f"{'relative error':31s}" + "".join(f"{k:>13s}" for k in kinds)]
+    rows += [f"{n:31s}" + "".join(f"{errors[k, n]:13.3f}" for k in kinds) for n in names]
+    return "\n".join(rows)
 
 
 def plot_scale_errors(errors: dict[tuple[str, str], float], ax=None) -> Figure:
@@ -183,6 +202,27 @@ def outlier_sweep(sizes: Sequence[float], tokens: int = 1024, features: int = 12
     return out
 
 
+def rht_cost(x: Tensor) -> tuple[float, float]:
+    """(seconds to quantize x to NVFP4 with its per-tensor scale, seconds for the RHT of x): the fastest of
+    repeated calls on one thread, by its CPU time (ampteach.training.machine.best_seconds)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        H = rht_matrix(random_signs(16, 0))
+        return (best_seconds(lambda: nvfp4_quantize(x, per_tensor_scale(x)), clock="cpu"),
+                best_seconds(lambda: rht(x, H), clock="cpu"))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def outlier_table(sizes: Sequence[float], sweep: dict[tuple[str, bool], list[float]]) -> str:
+    """outlier_sweep's result as a table: one row per format and RHT setting, one column per outlier size."""
+    rows = [f"{'outlier size':20s}" + "".join(f"{s:>8g}" for s in sizes)]
+    rows += [f"{fmt + (' with RHT' if rotate else ''):20s}" + "".join(f"{e:8.3f}" for e in errs)
+             for (fmt, rotate), errs in sweep.items()]
+    return "\n".join(rows)
+
+
 def plot_outlier_sweep(sizes: Sequence[float], sweep: dict[tuple[str, bool], list[float]], ax=None) -> Figure:
     with course_style():
         fig, ax = plt.subplots(figsize=(8, 3.6)) if ax is None else (ax.figure, ax)
@@ -209,6 +249,13 @@ def rounding_drift(steps: int = 1000, signal: float = 0.1, noise: float = 0.05, 
     sr = torch.stack([round_e2m1(values, "stochastic", torch.Generator().manual_seed(seed + 1 + d))
                       for d in range(draws)])
     return {"exact": values.cumsum(0), "nearest": round_e2m1(values).cumsum(0), "stochastic": sr.cumsum(1)}
+
+
+def one_rounding(n: int = 4096, seed: int = 0) -> dict[str, float]:
+    """Relative error of one rounding of n values from N(0, 2^2) to E2M1: {"nearest": ..., "stochastic": ...}."""
+    v = torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 2
+    sr = round_e2m1(v, "stochastic", torch.Generator().manual_seed(seed + 1))
+    return {"nearest": relative_error(round_e2m1(v), v), "stochastic": relative_error(sr, v)}
 
 
 def plot_rounding_drift(drift: dict[str, Tensor], ax=None) -> Figure:
@@ -300,18 +347,18 @@ def noise_threshold(steps: int = 400, lr: float = 0.05, n: int = 512, d: int = 6
     X = torch.randn(n, d, generator=g)
     w_true = torch.randn(d, generator=g)
     y = X @ w_true
-    w = torch.zeros(d)
+    w = 0.1 * torch.randn(d, generator=g)
 
     def grad(v: Tensor) -> Tensor:
         return 2 * X.t() @ (X @ v - y) / n
 
     out: dict[str, list[float]] = {"loss": [], "exact loss": [], "ratio": []}
     for _ in range(steps):
-        q = nvfp4_fake_quantize(w.reshape(4, 16), per_tensor_scale(w) if w.abs().max() > 0 else None).reshape(d)
+        q = nvfp4_fake_quantize(w.reshape(-1, 16), "auto").reshape(d)
         exact, noisy = grad(w), grad(q)
         out["loss"].append(float((X @ q - y).pow(2).mean()))
         out["exact loss"].append(float((X @ w - y).pow(2).mean()))
-        out["ratio"].append(float(exact.norm() / (noisy - exact).norm().clamp(min=1e-30)))
+        out["ratio"].append(float(exact.norm() / (noisy - exact).norm()))
         w = w - lr * noisy
     return out
 
@@ -327,6 +374,7 @@ def plot_noise_threshold(run: dict[str, list[float]], ax=None) -> Figure:
         twin.semilogy(steps, run["ratio"], color="tab:red", lw=1, label="||gradient|| / ||quantization's error||")
         twin.axhline(math.sqrt(3), color="tab:red", ls=":", lw=1)
         twin.set_ylabel("ratio", color="tab:red")
+        twin.set_ylim(0.1, max(100.0, min(max(run["ratio"]), 1e4)))
         crossed = next((i for i, r in enumerate(run["ratio"]) if r < math.sqrt(3)), None)
         if crossed is not None:
             ax.axvline(crossed + 1, color="0.5", ls="--", lw=0.8)

@@ -37,7 +37,7 @@ from ampteach.training.gpt import gpt
 from ampteach.training.seeding import seed_everything
 from ampteach.training.text import PreloadedText
 
-__all__ = ["RUNS", "FP4_RUNS", "fp4_model", "step_seconds", "plan", "train_run", "gradient_errors",
+__all__ = ["RUNS", "FP4_RUNS", "fp4_model", "step_seconds", "plan", "train_run", "gradient_errors", "mean_gaps",
            "ablation_rows", "plot_ablation"]
 
 NAIVE = dict(weight_2d=False, rht=False, stochastic=False, high_precision=("lm_head",))
@@ -82,16 +82,16 @@ def step_seconds(name: str, data: PreloadedText) -> float:
 def plan(times: dict[str, float], budget_s: float = 35.0, reference_budget_s: float = 20.0, max_steps: int = 200,
          min_steps: int = 40, every: int = 10) -> dict[str, int]:
     """name -> steps. The NVFP4 runs all get the same steps, as many as fit in budget_s at the slowest one's step
-    time (so they compare at every step); fp32 and BF16 get what fits in reference_budget_s, and at least as
-    many as the NVFP4 runs (BF16 is what they are compared with). Every run at least min_steps, at most
-    max_steps, in whole epochs of `every` steps (gpt_training.plan_steps)."""
+    time (so they compare at every step); fp32 and BF16 both get what fits in reference_budget_s at the slower
+    one's step time, and at least as many as the NVFP4 runs (BF16 is what they are compared with). Every run
+    at least min_steps, at most max_steps, in whole epochs of `every` steps (gpt_training.plan_steps)."""
     slowest = max(times[name] for name in FP4_RUNS)
     fp4 = gpt_training.plan_steps({"fp4": slowest}, default_budget_s=budget_s, max_steps=max_steps, every=every,
                                   min_steps={"fp4": min_steps})["fp4"]
-    references = {name: t for name, t in times.items() if name not in FP4_RUNS}
-    steps = gpt_training.plan_steps(references, default_budget_s=reference_budget_s, max_steps=max_steps,
-                                    every=every, min_steps=dict.fromkeys(references, max(fp4, min_steps)))
-    return {name: steps.get(name, fp4) for name in RUNS}
+    slowest_reference = max(t for name, t in times.items() if name not in FP4_RUNS)
+    reference = gpt_training.plan_steps({"reference": slowest_reference}, default_budget_s=reference_budget_s,
+                                        max_steps=max_steps, every=every, min_steps={"reference": fp4})["reference"]
+    return {name: fp4 if name in FP4_RUNS else reference for name in RUNS}
 
 
 def train_run(data: PreloadedText, name: str, steps: int) -> tuple[History, nn.Module]:
@@ -138,22 +138,25 @@ def gradient_errors(model: nn.Module, data: PreloadedText, draws: int = 8, batch
     return out
 
 
-def ablation_rows(histories: dict[str, History], errors: dict[str, dict[str, float]], every: int = 10) -> str:
-    """The table: each run's steps, final validation loss, its gap to BF16 and to the run before it at the same
-    step, and one step's gradient error (gradient_errors)."""
+def mean_gaps(histories: dict[str, History]) -> dict[str, float]:
+    """name -> the mean, over the evaluations both runs made, of (validation loss - BF16's at the same step)."""
     bf16 = histories["BF16"].val_loss
-    rows = [f"{'run':20s} {'steps':>5s} {'val loss':>8s} {'- BF16':>7s} {'- previous':>10s} {'grad error':>10s} "
+    return {name: sum(a - b for a, b in zip(h.val_loss, bf16)) / min(len(h.val_loss), len(bf16))
+            for name, h in histories.items()}
+
+
+def ablation_rows(histories: dict[str, History], errors: dict[str, dict[str, float]], every: int = 10) -> str:
+    """The table: each run's steps, final validation loss, its gap to BF16 at the same step (the shorter run's
+    last) and averaged over the run (mean_gaps), and one step's gradient error (gradient_errors)."""
+    bf16, mean = histories["BF16"].val_loss, mean_gaps(histories)
+    rows = [f"{'run':20s} {'steps':>5s} {'val loss':>8s} {'- BF16':>7s} {'mean - BF16':>11s} {'grad error':>10s} "
             f"{'(mean of draws)':>15s}"]
-    previous = None
     for name, h in histories.items():
-        n = len(h.val_loss)
-        gap = h.val_loss[-1] - bf16[n - 1]
-        step = "" if previous is None or name not in FP4_RUNS or previous not in FP4_RUNS else \
-            f"{h.val_loss[-1] - histories[previous].val_loss[n - 1]:+10.3f}"
+        n = min(len(h.val_loss), len(bf16))
         e = errors.get(name)
         err = f"{e['one step']:10.3f} {e['mean of draws']:15.3f}" if e else f"{'0 (reference)':>10s}"
-        rows.append(f"{name:20s} {n * every:5d} {h.val_loss[-1]:8.3f} {gap:+7.3f} {step:>10s} {err}")
-        previous = name
+        rows.append(f"{name:20s} {len(h.val_loss) * every:5d} {h.val_loss[-1]:8.3f} "
+                    f"{h.val_loss[n - 1] - bf16[n - 1]:+7.3f} {mean[name]:+11.3f} {err}")
     return "\n".join(rows)
 
 
