@@ -19,7 +19,6 @@ from typing import Sequence
 
 import matplotlib.pyplot as plt
 import torch
-import torch.nn.functional as F
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
@@ -35,6 +34,8 @@ from ampteach.amp.nvfp4 import (
     per_tensor_scale,
     round_e2m1,
 )
+from ampteach.lab.fp8_plots import linear_tensors
+from ampteach.lab.fp8_plots import relative_error as fp8_relative_error
 from ampteach.lab.plots import course_style
 from ampteach.training.machine import best_seconds
 
@@ -53,11 +54,9 @@ COLORS = {"MXFP4": "tab:blue", "NVFP4": "tab:green", "nearest": "tab:red", "stoc
 
 
 def relative_error(q: Tensor | Sequence[Tensor], x: Tensor | Sequence[Tensor]) -> float:
-    """||q - x|| / ||x|| over a tensor or over a list of tensors taken together."""
+    """||q - x|| / ||x|| over a tensor or over a list of tensors taken together (lesson 8's relative_error)."""
     qs, xs = ([q], [x]) if isinstance(x, Tensor) else (q, x)
-    num = sum(float((a.double() - b.double()).pow(2).sum()) for a, b in zip(qs, xs))
-    den = sum(float(b.double().pow(2).sum()) for b in xs)
-    return math.sqrt(num / den)
+    return fp8_relative_error(torch.cat([t.flatten() for t in xs]), torch.cat([t.flatten() for t in qs]))
 
 
 # --- section 1: the grid --------------------------------------------------------------------------------
@@ -131,25 +130,9 @@ def plot_scale_errors(errors: dict[tuple[str, str], float], ax=None) -> Figure:
 
 
 def gpt_tensors(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, list[Tensor]]:
-    """The three operands of every Linear inside the GPT's blocks on one batch (x, y): {"activations": each
-    Linear's input (tokens x features), "weights", "gradients": the gradient arriving at its output}, float32."""
-    out: dict[str, list[Tensor]] = {"activations": [], "weights": [], "gradients": []}
-    linears = [m for name, m in model.named_modules() if isinstance(m, nn.Linear) and name.startswith("blocks.")]
-
-    def hook(module, inputs, output):
-        out["activations"].append(inputs[0].detach().float().reshape(-1, inputs[0].shape[-1]))
-        output.register_hook(lambda grad: out["gradients"].append(grad.detach().float().reshape(-1, grad.shape[-1])))
-
-    handles = [m.register_forward_hook(hook) for m in linears]
-    try:
-        logits = model(x)
-        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).backward()
-    finally:
-        for handle in handles:
-            handle.remove()
-        model.zero_grad(set_to_none=True)
-    out["weights"] = [m.weight.detach().float().clone() for m in linears]
-    return out
+    """The three operands of every Linear inside the GPT's blocks on one batch (x, y), float32: lesson 8's
+    linear_tensors, {"activations": each Linear's input, "weights", "gradients": the gradient at its output}."""
+    return linear_tensors(model, [(x, y)], 1, include=lambda name: name.startswith("blocks."))
 
 
 def scale_sweep(x: Tensor, factors: Sequence[float]) -> dict[str, list[float]]:

@@ -12,7 +12,7 @@ that tensor would get. Plot functions return the Figure (`fig = ...` shows it on
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -35,12 +35,14 @@ ROLE_COLORS = {"activations": "tab:blue", "weights": "tab:orange", "gradients": 
 FP8_COLORS = {"fp8_e4m3": "tab:green", "fp8_e5m2": "tab:red"}
 
 
-def linear_tensors(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]],
-                   n_batches: int = 4) -> dict[str, list[Tensor]]:
+def linear_tensors(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], n_batches: int = 4,
+                   include: Callable[[str], bool] | None = None) -> dict[str, list[Tensor]]:
     """The three tensors of every nn.Linear's matmuls on n_batches batches (backward, no step), in float32.
 
     "activations": each Linear's input; "weights": each Linear's weight (once); "gradients": the gradient
-    arriving at each Linear's output (grad_output, what backward multiplies with).
+    arriving at each Linear's output (grad_output, what backward multiplies with). include(name) picks
+    the Linears by name (all by default); a model with a sequence dimension (the GPT) takes the
+    cross-entropy over every position.
     """
     out: dict[str, list[Tensor]] = {role: [] for role in ROLES}
 
@@ -48,14 +50,16 @@ def linear_tensors(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]],
         out["activations"].append(inputs[0].detach().float().flatten(1))
         output.register_hook(lambda grad: out["gradients"].append(grad.detach().float()))
 
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    linears = [m for name, m in model.named_modules()
+               if isinstance(m, nn.Linear) and (include is None or include(name))]
     handles = [m.register_forward_hook(hook) for m in linears]
     try:
         for i, (x, y) in enumerate(batches):
             if i >= n_batches:
                 break
             model.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), y).backward()
+            logits = model(x)
+            F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).backward()
     finally:
         for handle in handles:
             handle.remove()
