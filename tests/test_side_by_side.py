@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 import ampteach
@@ -35,6 +36,18 @@ def test_torchs_side_runs_torchs_own_kernels_and_ampteachs_side_its_own():
         with autocast("cpu", dtype=torch.bfloat16):
             served.append((impl, autocast_kernels.installed(), (x @ x).dtype))
     assert served == [("torch.amp", False, torch.bfloat16), ("ampteach", True, torch.bfloat16)] * 2
+
+
+def test_fresh_mlp_is_built_on_the_device_asked_for_with_the_cpus_weights():
+    meta = fresh_mlp(seed=3, device="meta")                  # a device other than the CPU, without a GPU
+    assert {p.device.type for p in meta.parameters()} == {"meta"}
+    assert [p.shape for p in meta.parameters()] == [p.shape for p in fresh_mlp(seed=3).parameters()]
+    assert same_weights(fresh_mlp(seed=3, device=torch.device("cpu")), fresh_mlp(seed=3))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_fresh_mlp_on_a_gpu_holds_the_cpus_weights():
+    assert same_weights(fresh_mlp(seed=3, device="cuda").cpu(), fresh_mlp(seed=3))
 
 
 def test_fresh_mlp_repeats_its_weights_per_seed():

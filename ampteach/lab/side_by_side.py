@@ -39,10 +39,11 @@ CUSTOM_FUNCTIONS = {
 }
 
 
-def fresh_mlp(hidden: tuple[int, ...] = (64,), seed: int = 0) -> nn.Sequential:
-    """The course MLP (ampteach.mlp) with the same initial weights for the same seed, every time."""
+def fresh_mlp(hidden: tuple[int, ...] = (64,), seed: int = 0, device: torch.device | str = "cpu") -> nn.Sequential:
+    """The course MLP (ampteach.mlp) with the same initial weights for the same seed, every time, on `device`
+    (initialised on the CPU, then moved: the same weights on every device)."""
     torch.manual_seed(seed)
-    return mlp(hidden)
+    return mlp(hidden).to(device)
 
 
 def same_weights(a: nn.Module, b: nn.Module) -> bool:
