@@ -79,8 +79,14 @@ def test_torchs_autocast_bf16_matmul_is_reproduced_by_fp32_accumulation_not_bf16
     match = closest_accumulator(a, b, candidates=(8, 11, 24, 53))
     assert match[24] >= 0.95 and match[53] >= 0.95
     assert match[8] <= 0.05 and match[11] <= 0.5
-    with pytest.raises(ValueError, match="autocast's CPU dtypes"):
+    with pytest.raises(ValueError, match="autocast's half dtypes"):
         closest_accumulator(a, b, dtype=torch.float32)
+
+
+def test_autocast_matmul_takes_a_device_and_answers_on_the_cpu():
+    a, b = torch.rand(4, 8), torch.rand(8, 4)
+    out = autocast_matmul(a, b, device=torch.device("cpu"))
+    assert out.device.type == "cpu" and torch.equal(out, autocast_matmul(a, b))
 
 
 def test_plots_return_their_figures():

@@ -8,7 +8,8 @@
     closest_accumulator(a, b)        # {8: 0.0, 11: 0.16, ..., 24: 1.0}: how often each reproduces torch's bf16 matmul
 
 Every number here comes from ampteach.amp.accumulator.emulated_matmul: float64 arithmetic, the same on
-every machine, except closest_accumulator, which runs torch's own CPU kernel under autocast.
+every machine, except closest_accumulator, which runs torch's own kernel under autocast (the CPU's, or
+the GPU's with device="cuda"; the emulation it is compared with runs on the CPU).
 Plot functions return the Figure (`fig = ...` shows it once), in the course's style.
 """
 
@@ -67,22 +68,24 @@ def error_vs_k(a: Tensor, b: Tensor, ks: Sequence[int], settings: Mapping[str, d
     return errors
 
 
-def autocast_matmul(a: Tensor, b: Tensor, dtype: torch.dtype = torch.bfloat16) -> Tensor:
-    """a @ b as torch computes it on the CPU under autocast: inputs cast to dtype, torch's own kernel."""
-    with torch.autocast("cpu", dtype=dtype):
-        return a @ b
+def autocast_matmul(a: Tensor, b: Tensor, dtype: torch.dtype = torch.bfloat16,
+                    device: str | torch.device = "cpu") -> Tensor:
+    """a @ b as torch computes it on device under autocast: inputs cast to dtype, torch's own kernel; on the CPU."""
+    device = torch.device(device)
+    with torch.autocast(device.type, dtype=dtype):
+        return (a.to(device) @ b.to(device)).cpu()
 
 
 def closest_accumulator(a: Tensor, b: Tensor, candidates: Sequence[int] = (8, 11, 14, 16, 20, 24, 53),
-                        dtype: torch.dtype = torch.bfloat16) -> dict[int, float]:
-    """The fraction of torch's autocast a @ b outputs that each emulated accumulator reproduces exactly.
+                        dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu") -> dict[int, float]:
+    """The fraction of torch's autocast a @ b outputs on device that each emulated accumulator reproduces exactly.
 
     Each candidate sums the same dtype inputs with acc_bits bits, in k order, and then rounds the sum
     to dtype, as torch rounds its output. a, b: float32 (cast to dtype here, as autocast casts them).
     """
     if dtype not in _OUTPUT_BITS:
-        raise ValueError(f"dtype must be torch.bfloat16 or torch.float16 (autocast's CPU dtypes), got {dtype}")
-    got = autocast_matmul(a, b, dtype).double()
+        raise ValueError(f"dtype must be torch.bfloat16 or torch.float16 (autocast's half dtypes), got {dtype}")
+    got = autocast_matmul(a, b, dtype, device).double()
     a_half, b_half = a.to(dtype), b.to(dtype)
     return {bits: (round_to_bits(emulated_matmul(a_half, b_half, acc_bits=bits), _OUTPUT_BITS[dtype]) == got)
             .double().mean().item() for bits in candidates}
