@@ -119,6 +119,24 @@ def test_measure_step_counts_the_activations_saved_for_backward_but_not_the_para
     used = measure_step(step, model)
     assert used.saved == FP32 * (n * d_in + n * d_out)
     assert used.cuda_peak is None and used.cuda_before is None
+    assert used.tensors == [((n, d_in), torch.float32, FP32 * n * d_in), ((n, d_out), torch.float32, FP32 * n * d_out)]
+
+
+def test_measure_step_lists_the_half_weight_copy_autocast_saves():
+    """Under autocast a linear whose input needs a gradient saves its weight's half copy, which counts."""
+    model = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 3))
+    x = torch.randn(5, 6)
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        out.float().sum().backward()
+
+    used = measure_step(step, model)
+    weights = [(dtype, nbytes) for shape, dtype, nbytes in used.tensors if sorted(shape) in ([3, 4], [4, 6])]
+    assert weights == [(torch.bfloat16, 3 * 4 * 2)]   # the second layer's cast weight (as its transpose); not the first's
+
+    assert used.saved == sum(nbytes for *_, nbytes in used.tensors)
 
 
 def test_half_activations_take_half_the_bytes():

@@ -118,6 +118,8 @@ class StepMemory:
     saved: int                     # bytes autograd saved for backward (activations), parameters excluded
     cuda_before: int | None = None  # torch.cuda.memory_allocated before the step (None off CUDA)
     cuda_peak: int | None = None    # torch.cuda.max_memory_allocated during the step (None off CUDA)
+    tensors: list[tuple[tuple[int, ...], torch.dtype, int]] = field(default_factory=list)
+    # what `saved` adds up, one entry per storage counted, in the order saved: (shape, dtype, bytes)
 
 
 def measure_step(step: Callable[[], object], model: nn.Module,
@@ -131,13 +133,19 @@ def measure_step(step: Callable[[], object], model: nn.Module,
     backward pass needs, and under autocast the half copies of the weights. On a CUDA device (by
     default the model's), cuda_peak is torch.cuda.max_memory_allocated over the step, after
     resetting the peak; the step is synchronized before and after so the count covers all its work.
+    tensors lists what saved adds up: (shape, dtype, bytes) per storage counted.
     """
     counter = _StorageCounter(exclude=[*model.parameters(), *model.buffers()])
     saved = 0
 
+    tensors = []
+
     def pack(t: torch.Tensor) -> torch.Tensor:
         nonlocal saved
-        saved += counter.add(t)
+        added = counter.add(t)
+        if added:
+            saved += added
+            tensors.append((tuple(t.shape), t.dtype, added))
         return t
 
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -152,7 +160,7 @@ def measure_step(step: Callable[[], object], model: nn.Module,
     if on_cuda:
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device)
-    return StepMemory(saved, before, peak)
+    return StepMemory(saved, before, peak, tensors)
 
 
 PHASES = ("forward", "backward", "optimizer")
