@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ampteach
-from ampteach.lab.distributed import checksum, launch, parse_args, parse_output, shard_batches
+from ampteach.lab.distributed import checksum, launch, parse_args, parse_output, plot_rank_checksums, shard_batches
 from ampteach.training.data import Preloaded
 
 STEPS, INJECT_AT, INJECT_RANK = 6, 3, 1
@@ -95,6 +95,18 @@ def test_parse_output_reads_every_kind_of_line_in_any_order():
     assert out.final == {0: (2.0, 3.5), 1: (2.0, 3.5)} and out.steps == {(0, 0): (True, 1.0, 2.0)}
     assert out.all_reduces == {0: 7} and out.skipped(0) == [0] and out.skipped(1) == []
     assert "noise" not in out.text and out.text.splitlines()[0].startswith("rank 0")
+
+
+def test_plot_rank_checksums_draws_a_panel_per_job_and_a_line_per_rank():
+    agree = parse_output("\n".join(f"rank {r}: step {s} skipped {s == 1} scale 1.0 checksum {s}.0"
+                                   for r in (0, 1) for s in range(3)))
+    part = parse_output("\n".join(f"rank {r}: step {s} skipped False scale 1.0 checksum {s + r * (s > 1)}.0"
+                                  for r in (0, 1) for s in range(3)))
+    fig = plot_rank_checksums({"agree": agree, "part": part})
+    left, right = fig.axes
+    assert [a.get_title() for a in fig.axes] == ["agree", "part"]
+    assert [line.get_label() for line in left.lines] == ["rank 0", "skipped step", "rank 1", "_nolegend_"]
+    assert [list(line.get_ydata()) for line in right.lines] == [[0.0, 1.0, 2.0], [0.0, 1.0, 3.0]]
 
 
 @pytest.fixture(scope="module")

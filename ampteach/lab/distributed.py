@@ -39,7 +39,7 @@ import re
 import socket
 import subprocess
 import sys
-from typing import Iterator, NamedTuple
+from typing import Iterator, Mapping, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -54,7 +54,7 @@ from ampteach.training.train import TrainConfig, autocast_for, make_optimizer, p
 
 __all__ = [
     "ALL_REDUCES", "BACKENDS", "FINAL", "STEP", "AllReduceCount", "JobOutput", "checksum", "count_all_reduces",
-    "launch", "main", "parse_args", "parse_output", "run", "shard", "shard_batches",
+    "launch", "main", "parse_args", "parse_output", "plot_rank_checksums", "run", "shard", "shard_batches",
 ]
 
 BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
@@ -272,6 +272,35 @@ def launch(*args: str, nproc: int = 2, timeout: float = 600) -> JobOutput:
     if done.returncode != 0:
         raise RuntimeError(f"the job failed (exit code {done.returncode}):\n{done.stdout}\n{done.stderr[-3000:]}")
     return parse_output(done.stdout, done.returncode)
+
+
+def plot_rank_checksums(jobs: Mapping[str, JobOutput]):
+    """One panel per job: each rank's weight checksum after every step, its skipped steps marked x.
+
+        fig = plot_rank_checksums({"inf before the all-reduce": job, "inf after it": other})
+
+    Replicas that agree draw one line (rank 1's dashed line on rank 0's wide one); replicas that part draw two.
+    """
+    import matplotlib.pyplot as plt
+
+    from ampteach.lab.plots import course_style
+
+    styles = (dict(lw=5, alpha=0.35, color="tab:blue"), dict(ls="--", lw=1.5, color="tab:orange"))
+    with course_style():
+        fig, axes = plt.subplots(1, len(jobs), figsize=(4.6 * len(jobs), 3.0), squeeze=False)
+        for ax, (title, job) in zip(axes[0], jobs.items()):
+            skip_label = "skipped step"
+            for rank, style in zip(sorted({r for r, _ in job.steps}), itertools.cycle(styles)):
+                steps = sorted(s for r, s in job.steps if r == rank)
+                ax.plot(steps, [job.steps[rank, s][2] for s in steps], label=f"rank {rank}", **style)
+                skipped = [s for s in steps if job.steps[rank, s][0]]
+                if skipped:
+                    ax.plot(skipped, [job.steps[rank, s][2] for s in skipped], "x", color="tab:red", label=skip_label)
+                    skip_label = "_nolegend_"
+            ax.set(title=title, xlabel="step")
+        axes[0][0].set_ylabel("checksum of the weights")
+        axes[0][-1].legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return fig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
