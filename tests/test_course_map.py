@@ -35,8 +35,16 @@ def test_every_exercise_has_its_solution_and_the_other_way_round():
 
 
 def test_lessons_are_numbered_in_order():
-    numbers = sorted(int(p.name[:2]) for p in (ROOT / "notebooks").glob("*.ipynb"))
+    """Lessons 00, 01, ... N, each number once; a lesson split in two adds a part with a letter (06b after 06)."""
+    names = [p.name for p in (ROOT / "notebooks").glob("*.ipynb")]
+    parts = [re.match(r"(\d\d)([b-z]?)_", name) for name in names]
+    assert all(parts), f"a lesson's file name starts with two digits, and a letter for a second part: {names}"
+    numbers = sorted(int(m[1]) for m in parts if not m[2])
     assert numbers == list(range(len(numbers)))
+    for m in parts:
+        if m[2]:                                   # 06b needs 06 (and 06c needs 06b)
+            before = m[1] + (chr(ord(m[2]) - 1) if m[2] > "b" else "")
+            assert any(re.match(before + "_", name) for name in names), f"lesson {m[0]} has no {before} before it"
 
 
 def test_the_time_column_is_the_rule_course_times_computes():
