@@ -162,3 +162,10 @@ def test_plot_gradient_histogram_shades_four_zones_and_draws_one_line_per_kind()
     assert "2^10" in ax.get_xlabel()
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "fp16 flushed to 0" in labels and any(label.startswith("weights (non-zero: ") for label in labels)
+
+
+def test_plot_gradient_histogram_takes_gradients_that_still_need_grad():
+    """Gradients handed over straight from a model (requires_grad, or on a GPU) are drawn, not refused."""
+    grads = {"weights": torch.tensor([2.0**-20, 2.0**-3, 0.0], requires_grad=True)}
+    ax = plot_gradient_histogram(grads, "fp16")
+    assert [t.get_text() for t in ax.get_legend().get_texts()][-1] == "weights (non-zero: 2)"

@@ -193,8 +193,8 @@ def plot_gradient_histogram(grads: dict[str, torch.Tensor], fmt: FloatFormat | s
             ax.axvspan(left, right, color=color, alpha=0.12, label=f"{fmt.name} {label}")
         bins = np.arange(lo, hi + bin_width, bin_width)
         for name, values in grads.items():
-            nonzero = values[values != 0].float()
-            log2 = (nonzero.abs().log2() + shift).clamp(lo, hi - 1e-6).numpy()
+            nonzero = values[values != 0].detach().float()
+            log2 = (nonzero.abs().log2() + shift).clamp(lo, hi - 1e-6).cpu().numpy()   # gradients from any device
             ax.hist(log2, bins=bins, weights=np.full(len(log2), 100.0 / max(len(log2), 1)), histtype="step",
                     linewidth=1.5, label=f"{name} (non-zero: {len(log2):,})")
         ax.set_xlim(lo, hi)
