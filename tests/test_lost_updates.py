@@ -69,3 +69,18 @@ def test_the_plots_draw_what_they_are_given():
 
     fig = plot_loss_gap({"fp32": Run([1.0, 1.0]), "half": Run([1.5, 2.0])}, "fp32", smooth=1)
     assert list(fig.axes[0].lines[1].get_ydata()) == [0.5, 1.0]
+
+
+def test_plot_loss_gap_adds_the_held_out_loss_of_every_run_between_its_two_panels():
+    class Run:
+        def __init__(self, losses, val_loss):
+            self.step_loss, self.val_loss = losses, val_loss
+
+    runs = {"fp32": Run([1.0, 1.0], [0.6, 0.5]), "half": Run([1.5, 2.0], [0.7, 0.69])}
+    lost = LostUpdates(0.1)
+    lost.per_step = [0.25, 0.5]
+    fig = plot_loss_gap(runs, "fp32", lost, smooth=1, held_out=True)
+    assert len(fig.axes) == 3
+    assert [list(line.get_ydata()) for line in fig.axes[1].lines] == [[0.6, 0.5], [0.7, 0.69]]
+    assert list(fig.axes[2].lines[0].get_ydata()) == [25.0, 50.0]
+    assert len(plot_loss_gap(runs, "fp32", smooth=1).axes) == 1

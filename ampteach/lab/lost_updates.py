@@ -174,17 +174,21 @@ def sgd_trace(rounding: str, start: float, update: float, steps: int, dtype: tor
 
 
 def plot_loss_gap(histories: Mapping[str, object], reference: str, lost: LostUpdates | None = None,
-                  smooth: int = 10) -> Figure:
+                  smooth: int = 10, held_out: bool = False) -> Figure:
     """Left: each run's training loss minus the reference run's, step by step (running mean over `smooth`
-    steps); right, with lost: the share of updates that LostUpdates counted as rounded away, per step.
+    steps); with held_out, next: each run's held-out loss after every epoch (History.val_loss), the same
+    held-out images for every run; right, with lost: the share of updates that LostUpdates counted as
+    rounded away, per step.
 
     histories: {label: ampteach.History} of runs over the same batches, so that their per-step
     losses differ only by what the runs learned differently.
     """
     base = torch.tensor(histories[reference].step_loss, dtype=torch.float64)
+    panels = 1 + held_out + (lost is not None)
     with course_style():
-        fig, axes = plt.subplots(1, 2 if lost else 1, figsize=(11 if lost else 7, 3.4), squeeze=False)
-        ax = axes[0][0]
+        fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels if panels > 1 else 7, 3.4), squeeze=False)
+        axes = list(axes[0])
+        ax = axes.pop(0)
         ax.axhline(0, color="black", lw=1, label=reference)
         for label, h in histories.items():
             if label != reference:
@@ -193,10 +197,20 @@ def plot_loss_gap(histories: Mapping[str, object], reference: str, lost: LostUpd
         ax.set(xlabel="step", ylabel=f"loss - {reference}'s (mean of {smooth} steps)",
                title=f"Training loss compared with {reference}, batch by batch")
         ax.legend()
-        if lost:
-            axes[0][1].plot([100 * v for v in lost.per_step], color="C2")
-            axes[0][1].set(xlabel="step", ylabel="% of first-layer updates lost", ylim=(0, 100),
-                           title="Updates rounded away in the half run")
+        if held_out:
+            ax = axes.pop(0)
+            others = [label for label in histories if label != reference]   # colours as in the left panel
+            for label, h in histories.items():
+                style = dict(color="black", lw=4, alpha=0.35) if label == reference else \
+                    dict(color=f"C{others.index(label)}")
+                ax.plot(range(1, len(h.val_loss) + 1), h.val_loss, marker="o", ms=3, label=label, **style)
+            ax.set(xlabel="epoch", ylabel="held-out loss (nats)", title="Held-out loss after each epoch")
+            ax.legend()
+        if lost is not None:
+            ax = axes.pop(0)
+            ax.plot([100 * v for v in lost.per_step], color="C2")
+            ax.set(xlabel="step", ylabel="% of first-layer updates lost", ylim=(0, 100),
+                   title="Updates rounded away in the half run")
         fig.tight_layout()
     return fig
 
