@@ -44,8 +44,7 @@ def package_files(*names: str) -> frozenset[str]:
     """The real paths of the .py files of these modules or packages (a package: every module in it)."""
     files = set()
     for name in names:
-        module = importlib.import_module(name)
-        path = Path(module.__file__).resolve()
+        path = _module_path(name)
         if path.name == "__init__.py":
             files.update(str(p) for p in path.parent.rglob("*.py"))
         else:
@@ -53,10 +52,37 @@ def package_files(*names: str) -> frozenset[str]:
     return frozenset(files)
 
 
+def _module_path(name: str) -> Path:
+    """Where module `name` lives, found without importing it: in a sealed notebook (checks/guard.py) an import
+    may load C code (torchao's does), which the guard refuses."""
+    module = sys.modules.get(name)
+    if module is not None and getattr(module, "__file__", None):
+        return Path(module.__file__).resolve()
+    top, *parts = name.split(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(f"no module named {name!r}")
+    path = Path(spec.origin).resolve()
+    for part in parts:
+        package = path.parent / part
+        path = package / "__init__.py" if (package / "__init__.py").exists() else path.parent / f"{part}.py"
+        if not path.exists():
+            raise ModuleNotFoundError(f"no module named {name!r}")
+    return path
+
+
 @functools.lru_cache(maxsize=None)
 def module_files(*names: str) -> frozenset[str]:
     """package_files of the modules that exist here (torch.cuda.amp, say, may not in every torch)."""
-    return package_files(*(n for n in names if importlib.util.find_spec(n) is not None))
+    return package_files(*(n for n in names if _exists(n)))
+
+
+def _exists(name: str) -> bool:
+    try:
+        _module_path(name)
+    except ModuleNotFoundError:
+        return False
+    return True
 
 
 def qualified(code_or_fn: Any, module: str | None = None) -> str:
