@@ -193,11 +193,14 @@ def learner_measure(*, measure, data) -> dict:
     clock = StepClock(getattr(getattr(data, "device", None), "type", "cpu") == "cuda")
     small = sliced(data, CHECK_BATCH * CHECK_STEPS, 256, clock)
     with clock, own_step(getattr(measure, "__name__", "measure")):
+        called = time.perf_counter()
         row = measure("fp32", small, epochs=1, batch_size=CHECK_BATCH, warmup_steps=CHECK_WARMUP)
     steps = len(clock.ends)
+    from_call = clock.walls[-1] - called if clock.walls else None
     seconds = clock.seconds(SLOW_STEPS - 1, steps - 1) if steps >= SLOW_STEPS + 1 else None
     params = [p for opt in clock.optimizers for group in opt.param_groups for p in group["params"]]
-    return {"row": row, "steps": steps, "batches": len(small.given), "seconds": seconds, "slept": clock.slept,
+    return {"row": row, "steps": steps, "batches": len(small.given), "seconds": seconds, "from_call": from_call,
+            "slept": clock.slept,
             "cuda": clock.cuda, "params": [(tuple(p.shape), p.element_size()) for p in params],
             "names": names_used(measure), "name": getattr(measure, "__name__", "measure")}
 
