@@ -141,13 +141,27 @@ def test_loss_errors_are_single_roundings():
 def test_plan_steps_fits_whole_epochs_in_each_budget():
     plan = plan_steps({"fast": 0.01, "slow": 1.0, "slower": 10.0}, budget_s={"fast": 90}, default_budget_s=35,
                       max_steps=300, every=10)
-    assert plan == {"fast": 300, "slow": 30, "slower": 10}
+    assert plan == {"fast": 300, "slow": 30, "slower": 30}
+    assert "fast" not in plan.why and "fits in its 35 s" in plan.why["slow"]
+
+
+def test_plan_steps_never_gives_a_run_a_dot_and_says_whom_it_raised():
+    plan = plan_steps({"fp32": 0.1, "slow": 10.0}, default_budget_s=30, max_steps=300, every=10, min_epochs=3)
+    assert plan["slow"] == 30 and "raised to 30" in plan.why["slow"] and "fit 0" in plan.why["slow"]
+    assert all(n >= 30 for n in plan.values())
+    assert "slow" in plan.report() and "raised to 30" in plan.report()
+
+
+def test_plan_steps_alike_shortens_every_run_to_the_fewest():
+    plan = plan_steps({"a": 0.01, "b": 0.5, "c": 0.1}, default_budget_s=30, max_steps=300, every=10, alike=True)
+    assert plan == {"a": 60, "b": 60, "c": 60}
+    assert "like the other runs" in plan.why["a"] and "fits in its 30 s" in plan.why["b"]
 
 
 def test_plan_steps_keeps_the_reference_run_long_on_a_busy_machine():
     busy = {"fp32": 5.0, "bf16": 3.0}               # fp32's step timed under load: its budget fits one epoch
     assert plan_steps(busy, budget_s={"fp32": 75}, default_budget_s=30, min_steps={"fp32": 95}) == \
-        {"fp32": 100, "bf16": 10}                   # rounded up to whole epochs; others keep their budget
+        {"fp32": 100, "bf16": 30}                   # rounded up to whole epochs; the others a curve of 3 points
     assert plan_steps({"fp32": 0.1}, budget_s={"fp32": 75}, min_steps={"fp32": 100}) == {"fp32": 300}
 
 

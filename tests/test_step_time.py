@@ -44,6 +44,19 @@ def test_categories_come_from_the_op_and_its_callers():
     assert step_time.shares(ms)["matmul"] == pytest.approx(0.71 / 0.924)
 
 
+def test_on_a_gpu_each_op_counts_its_kernels_time_not_its_launch():
+    linear = SimpleNamespace(name="aten::linear", self_cpu_time_total=50, self_device_time_total=0, cpu_parent=None)
+    addmm = SimpleNamespace(name="aten::addmm", self_cpu_time_total=20, self_device_time_total=900, cpu_parent=linear)
+    step = SimpleNamespace(name="Optimizer.step#AdamW.step", self_cpu_time_total=300, self_device_time_total=0,
+                           cpu_parent=None)
+    fused = SimpleNamespace(name="aten::_fused_adamw_", self_cpu_time_total=10, self_device_time_total=100,
+                            cpu_parent=step)
+    old = SimpleNamespace(name="aten::relu", self_cpu_time_total=5, self_cuda_time_total=40, cpu_parent=None)
+    ms = step_time.breakdown([linear, addmm, step, fused, old], device="cuda")
+    assert ms == pytest.approx({"matmul": 0.9, "casts": 0.0, "optimizer": 0.1, "elementwise & other": 0.04})
+    assert step_time.breakdown([linear, addmm], device="cpu")["matmul"] == pytest.approx(0.07)
+
+
 def test_profile_finds_casts_only_under_autocast(data):
     torch.manual_seed(0)
     fp32 = step_time.profile_step(mlp((16, 16)), data, "fp32", batch_size=32, steps=2, min_seconds=0.0)

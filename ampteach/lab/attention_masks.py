@@ -53,10 +53,11 @@ def padded_scores(dtype: torch.dtype, T: int = 4) -> torch.Tensor:
 def apply_mask(scores: torch.Tensor, keep: torch.Tensor, masking: str) -> torch.Tensor:
     """scores with the disallowed entries masked one of the MASKINGS ways (all arithmetic in the scores' dtype)."""
     if masking == "add finfo(float32).min":
-        additive = torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min)   # built in fp32
+        additive = torch.zeros(keep.shape, device=scores.device).masked_fill(~keep, torch.finfo(torch.float32).min)
         return scores + additive.to(scores.dtype)
     if masking == "add finfo(dtype).min":
-        additive = torch.zeros(keep.shape, dtype=scores.dtype).masked_fill(~keep, torch.finfo(scores.dtype).min)
+        additive = torch.zeros(keep.shape, dtype=scores.dtype, device=scores.device).masked_fill(
+            ~keep, torch.finfo(scores.dtype).min)
         return scores + additive
     if masking == "masked_fill finfo(dtype).min":
         return scores.masked_fill(~keep, torch.finfo(scores.dtype).min)

@@ -5,6 +5,7 @@
     results = sweep(sizes)                               # variant -> one Point per size
     largest_finite(results["fp16, scale after"], sizes)  # the largest a whose attention output is finite
     fig = plot_overflow(sizes, results)
+    results = sweep(sizes, device="cuda")               # on a GPU: SDPA once per backend (flash, efficient, math)
 
 The activations: q, k, v of one head (T tokens, d features) with N(0, 1) entries, except that in
 `n_outliers` features q and k hold the value a for every token, as the few large "outlier features" of
@@ -24,17 +25,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Sequence
 
 import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 from matplotlib.figure import Figure
+from torch.nn.attention import sdpa_kernel
 
 from ampteach.lab.plots import FORMAT_COLORS, course_style
+from ampteach.lab.sdpa_backends import CUDA_BACKENDS, Refused, attempt
 
 __all__ = ["FP16_OVERFLOW", "VARIANTS", "Point", "attention", "largest_finite", "outlier_qkv", "overflow_size",
-           "plot_overflow", "reference", "sweep"]
+           "plot_overflow", "reference", "sweep", "variants_for"]
 
 FP16_OVERFLOW = 65520.0   # the smallest magnitude that rounds to inf in fp16 (halfway from 65504 to 2^16)
 VARIANTS = {               # name -> (dtype of q, k, v and the scores, where 1/√d is applied)
@@ -46,7 +50,19 @@ VARIANTS = {               # name -> (dtype of q, k, v and the scores, where 1/�
 STYLES = {"fp16, scale after": dict(color=FORMAT_COLORS["fp16"], ls="-"),
           "fp16, scale before": dict(color=FORMAT_COLORS["fp16"], ls="--"),
           "bf16, scale after": dict(color=FORMAT_COLORS["bf16"], ls="-"),
-          "fp16, F.scaled_dot_product_attention": dict(color="tab:green", ls=":")}
+          "fp16, F.scaled_dot_product_attention": dict(color="tab:green", ls=":"),
+          "fp16, SDPA flash": dict(color="tab:green", ls=":"),
+          "fp16, SDPA efficient": dict(color="tab:olive", ls=":"),
+          "fp16, SDPA math": dict(color="tab:cyan", ls=":")}
+
+
+def variants_for(device: str | torch.device = "cpu") -> dict[str, tuple[torch.dtype, str]]:
+    """VARIANTS on the CPU (SDPA: the kernel torch picks); on a GPU the SDPA variant once per CUDA backend,
+    named "fp16, SDPA flash" and so on (scale "sdpa flash", ...)."""
+    if torch.device(device).type != "cuda":
+        return dict(VARIANTS)
+    plain = {name: v for name, v in VARIANTS.items() if v[1] != "sdpa"}
+    return {**plain, **{f"fp16, SDPA {b}": (torch.float16, f"sdpa {b}") for b in CUDA_BACKENDS}}
 
 
 def outlier_qkv(size: float, n_outliers: int = 2, T: int = 64, d: int = 64,
@@ -69,14 +85,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dt
     """(output, largest |score| stored) of causal attention with q, k, v and the scores in `dtype`.
 
     scale "after": s = (q @ kᵀ) · 1/√d; "before": s = (q · 1/√d) @ kᵀ; then the causal mask (-inf), softmax in
-    fp32 (as CUDA autocast runs it) and p @ v in dtype. "sdpa": F.scaled_dot_product_attention in dtype, this
-    machine's kernel (its scores never come out, so the largest stored score is reported as nan).
+    fp32 (as CUDA autocast runs it) and p @ v in dtype. "sdpa": F.scaled_dot_product_attention in dtype, the
+    kernel torch picks on q's device (its scores never come out, so the largest stored score is reported as
+    nan); "sdpa flash", "sdpa efficient", "sdpa math": that CUDA backend only (it raises where it cannot run).
     """
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     if scale == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal), float("nan")
+    if scale.startswith("sdpa "):
+        with sdpa_kernel(CUDA_BACKENDS[scale.removeprefix("sdpa ")]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal), float("nan")
     if scale not in ("after", "before"):
-        raise ValueError(f"scale must be 'after', 'before' or 'sdpa', got {scale!r}")
+        raise ValueError(f"scale must be 'after', 'before', 'sdpa' or 'sdpa <backend>', got {scale!r}")
     s = 1.0 / math.sqrt(q.size(-1))
     if scale == "before":
         stored = scores = (q * s) @ k.transpose(-2, -1)
@@ -86,7 +106,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dt
     largest = stored.float().abs().max().item()
     if causal:
         T = q.size(-2)
-        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
     p = F.softmax(scores.float(), dim=-1).to(dtype)
     return p @ v, largest
 
@@ -99,19 +119,29 @@ class Point:
     finite: bool            # every output element finite
     largest_score: float    # largest |score| the variant stored (inf when it overflowed)
     error: float            # ‖out - exact‖ / ‖exact‖ against float64 attention of the same q, k, v (nan if not finite)
+    refused: str | None = None   # an SDPA backend that cannot run these inputs: torch's reason
 
 
-def sweep(sizes: Sequence[float], variants: Sequence[str] = tuple(VARIANTS), n_outliers: int = 2, T: int = 64,
-          d: int = 64, seed: int = 0) -> dict[str, list[Point]]:
-    """variant -> [Point for each outlier size]."""
-    results: dict[str, list[Point]] = {name: [] for name in variants}
+def sweep(sizes: Sequence[float], variants: Sequence[str] | None = None, n_outliers: int = 2, T: int = 64,
+          d: int = 64, seed: int = 0, device: str | torch.device = "cpu") -> dict[str, list[Point]]:
+    """variant -> [Point for each outlier size], computed on device (variants: names in variants_for(device),
+    all of them by default; a CUDA backend's variant may be named on any device, where it may be refused).
+    The exact attention is float64 on the CPU."""
+    table = {**variants_for("cuda"), **variants_for(device)}
+    results: dict[str, list[Point]] = {name: [] for name in (variants or variants_for(device))}
     for size in sizes:
         q, k, v = outlier_qkv(size, n_outliers, T, d, seed)
         exact = reference(q, k, v)
-        for name in variants:
-            out, largest = attention(q, k, v, *VARIANTS[name])
+        q, k, v = (t.to(device) for t in (q, k, v))
+        for name in results:
+            dtype, scale = table[name]
+            got = attempt(partial(attention, q, k, v, dtype, scale))     # the output, or Refused
+            if isinstance(got, Refused):
+                results[name].append(Point(size, False, float("nan"), float("nan"), got.reason))
+                continue
+            out, largest = got
             finite = bool(torch.isfinite(out).all())
-            error = ((out.double() - exact).norm() / exact.norm()).item() if finite else float("nan")
+            error = ((out.double().cpu() - exact).norm() / exact.norm()).item() if finite else float("nan")
             results[name].append(Point(size, finite, largest, error))
     return results
 

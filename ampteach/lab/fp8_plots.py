@@ -37,7 +37,8 @@ FP8_COLORS = {"fp8_e4m3": "tab:green", "fp8_e5m2": "tab:red"}
 
 def linear_tensors(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], n_batches: int = 4,
                    include: Callable[[str], bool] | None = None) -> dict[str, list[Tensor]]:
-    """The three tensors of every nn.Linear's matmuls on n_batches batches (backward, no step), in float32.
+    """The three tensors of every nn.Linear's matmuls on n_batches batches (backward, no step), in float32, on
+    the CPU (a model on a GPU hands its tensors over there: the casts and plots that read them are arithmetic).
 
     "activations": each Linear's input; "weights": each Linear's weight (once); "gradients": the gradient
     arriving at each Linear's output (grad_output, what backward multiplies with). include(name) picks
@@ -47,8 +48,8 @@ def linear_tensors(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], n
     out: dict[str, list[Tensor]] = {role: [] for role in ROLES}
 
     def hook(module, inputs, output):
-        out["activations"].append(inputs[0].detach().float().flatten(1))
-        output.register_hook(lambda grad: out["gradients"].append(grad.detach().float()))
+        out["activations"].append(inputs[0].detach().float().flatten(1).cpu())
+        output.register_hook(lambda grad: out["gradients"].append(grad.detach().float().cpu()))
 
     linears = [m for name, m in model.named_modules()
                if isinstance(m, nn.Linear) and (include is None or include(name))]
@@ -64,7 +65,7 @@ def linear_tensors(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], n
         for handle in handles:
             handle.remove()
         model.zero_grad(set_to_none=True)
-    out["weights"] = [m.weight.detach().float().clone() for m in linears]
+    out["weights"] = [m.weight.detach().float().cpu().clone() for m in linears]
     return out
 
 
@@ -126,11 +127,12 @@ def plot_ranges(tensors: Mapping[str, Sequence[Tensor]], formats: Sequence[str] 
 
 
 def amax_histories(model: nn.Module, steps: int) -> dict[str, dict[str, Tensor]]:
-    """The last `steps` amaxes each delayed-scaling Float8Linear of model recorded: {layer: {role: history}}."""
+    """The last `steps` amaxes each delayed-scaling Float8Linear of model recorded: {layer: {role: history}}, on
+    the CPU."""
     from ampteach.amp.fp8 import Float8Linear
 
     names = {"input": "activations", "weight": "weights", "grad_output": "gradients"}
-    return {name: {names[role]: s.amax_history[-steps:].clone() for role, s in m.scalings().items()}
+    return {name: {names[role]: s.amax_history[-steps:].cpu().clone() for role, s in m.scalings().items()}
             for name, m in model.named_modules() if isinstance(m, Float8Linear) and m.scalings()}
 
 

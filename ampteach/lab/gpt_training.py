@@ -33,7 +33,8 @@ from ampteach.training.seeding import seed_everything
 from ampteach.training.text import CharText, PreloadedText
 from ampteach.training.train import autocast_for, prepare, train, train_step
 
-__all__ = ["RUNS", "config_for", "plan_steps", "plot_val_loss", "samples", "step_seconds", "train_run", "train_runs"]
+__all__ = ["RUNS", "Plan", "config_for", "plan_steps", "plot_val_loss", "samples", "step_seconds", "train_run",
+           "train_runs"]
 
 RUNS = {   # name -> what differs from TrainConfig(batch_size=32, lr=1e-3, optimizer="adamw")
     "fp32": dict(precision="fp32"),
@@ -49,9 +50,10 @@ STYLES = {"fp32": dict(color=FORMAT_COLORS["fp32"], lw=2.0),
           "pure bf16 + fp32 masters": dict(color="tab:green", ls=":")}
 
 
-def config_for(name: str, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, **changes) -> TrainConfig:
-    """The TrainConfig of run `name` (a key of RUNS): AdamW at lr, batch_size windows a step, no progress bar."""
-    return TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, progress=False, **{**RUNS[name], **changes})
+def config_for(name: str, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, progress: bool = False,
+               **changes) -> TrainConfig:
+    """The TrainConfig of run `name` (a key of RUNS): AdamW at lr, batch_size windows a step, a bar if progress."""
+    return TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, progress=progress, **{**RUNS[name], **changes})
 
 
 def step_seconds(name: str, data: PreloadedText, make_model: Callable[[], nn.Module] | None = None,
@@ -74,38 +76,72 @@ def step_seconds(name: str, data: PreloadedText, make_model: Callable[[], nn.Mod
     return best_seconds(step, data.device.type, min_seconds=min_seconds, clock="wall")
 
 
+class Plan(dict):
+    """name -> training steps (a dict), with .why: name -> why that run got fewer steps than max_steps, or more
+    than its budget fits (empty for a run that got max_steps within its budget)."""
+
+    def __init__(self, steps: dict[str, int], why: dict[str, str]):
+        super().__init__(steps)
+        self.why = why
+
+    def report(self) -> str:
+        """One line per run: its steps, and why it got them where its budget decided."""
+        return "\n".join(f"{name:28s} {n:4d} steps" + (f"  ({self.why[name]})" if name in self.why else "")
+                         for name, n in self.items())
+
+
 def plan_steps(step_times: dict[str, float], budget_s: dict[str, float] | None = None, default_budget_s: float = 35.0,
-               max_steps: int = 300, every: int = 10, min_steps: dict[str, int] | None = None) -> dict[str, int]:
+               max_steps: int = 300, every: int = 10, min_steps: dict[str, int] | None = None, min_epochs: int = 3,
+               alike: bool = False) -> Plan:
     """name -> training steps: as many whole epochs of `every` steps as fit in the run's budget (budget_s[name],
-    else default_budget_s) at its measured step time, at most max_steps, at least one epoch, and at least
-    min_steps[name] (rounded up to whole epochs) however slow the step: the reference run others are compared
-    with must stay long enough on a busy machine.
+    else default_budget_s) at its measured step time, at most max_steps, and never fewer than min_epochs epochs
+    (a curve of min_epochs points, not a dot) nor min_steps[name] (rounded up to whole epochs) however slow the
+    step: the reference run others are compared with must stay long enough on a busy machine. alike=True gives
+    every run the fewest steps any of them got, so that all compare at every step. The Plan says, in .why and
+    .report(), which runs got fewer than max_steps or more than their budget fits, and why.
 
         plan_steps({"fp32": 0.4, "pure bf16": 3.0}, {"fp32": 75}, 30, min_steps={"fp32": 100})
-        # {'fp32': 180, 'pure bf16': 10}
+        # {'fp32': 180, 'pure bf16': 30}: pure bf16's 30 s fit 10 steps, a curve needs 3 epochs
     """
     budget_s, min_steps = budget_s or {}, min_steps or {}
-    plan = {}
+    plan, why = {}, {}
     for name, seconds in step_times.items():
-        fit = math.floor(budget_s.get(name, default_budget_s) / seconds / every) * every
-        least = max(every, math.ceil(min_steps.get(name, 0) / every) * every)
+        budget = budget_s.get(name, default_budget_s)
+        fit = math.floor(budget / seconds / every) * every
+        least = max(every * max(1, min_epochs), math.ceil(min_steps.get(name, 0) / every) * every)
         plan[name] = max(least, min(max_steps, fit))
-    return plan
+        if plan[name] > fit:
+            why[name] = (f"its {budget:g} s fit {fit} at {seconds * 1e3:.0f} ms a step; raised to {plan[name]}, "
+                         f"the least it may have, taking about {plan[name] * seconds:.0f} s")
+        elif plan[name] < max_steps:
+            why[name] = f"what fits in its {budget:g} s at {seconds * 1e3:.0f} ms a step"
+    if alike:
+        fewest = min(plan.values())
+        for name in plan:
+            if plan[name] > fewest:
+                why[name] = f"shortened to {fewest} like the other runs, so that all compare at every step"
+            plan[name] = fewest
+    return Plan(plan, why)
 
 
 def train_run(data: PreloadedText, name: str, steps: int, make_model: Callable[[], nn.Module] | None = None,
-              batch_size: int = 32, lr: float = 1e-3) -> tuple[History, nn.Module]:
+              batch_size: int = 32, lr: float = 1e-3, progress: bool = False,
+              label: str | None = None) -> tuple[History, nn.Module]:
     """(History, trained model) of run `name` for `steps` steps (whole epochs of data.steps_per_epoch), from seed 0.
 
-        histories["fp32"], models["fp32"] = train_run(data, "fp32", 300)
-    """
+        histories["fp32"], models["fp32"] = train_run(data, "fp32", 300, progress=True)
+
+    progress=True prints a line naming the run (label, else name) and shows train()'s progress bar."""
     every = data.steps_per_epoch
     if steps < every or steps % every:
         raise ValueError(f"{name}: {steps} steps is not a whole number of epochs of {every} steps "
                          f"(data.steps_per_epoch)")
+    if progress:
+        print(f"{label or name}: {steps} steps of {batch_size} windows, AdamW lr {lr:g}", flush=True)
     seed_everything(0)
     model = (make_model or (lambda: gpt(65)))()
-    return train(model, data, config_for(name, epochs=steps // every, batch_size=batch_size, lr=lr)), model
+    config = config_for(name, epochs=steps // every, batch_size=batch_size, lr=lr, progress=progress)
+    return train(model, data, config), model
 
 
 def train_runs(data: PreloadedText, steps: dict[str, int], make_model: Callable[[], nn.Module] | None = None,
@@ -117,8 +153,9 @@ def train_runs(data: PreloadedText, steps: dict[str, int], make_model: Callable[
     return histories, models
 
 
-def plot_val_loss(histories: dict[str, History], every: int, ax=None) -> Figure:
-    """Validation loss (nats per character) after each epoch of `every` steps, one line per run, ln(65) marked."""
+def plot_val_loss(histories: dict[str, History], every: int, ax=None, vocab_size: int = 65) -> Figure:
+    """Validation loss (nats per character) after each epoch of `every` steps, one line per run, ln(vocab_size)
+    marked: the loss of a model that knows nothing (a padded model's extra PAD token makes it 66)."""
     with course_style():
         if ax is None:
             fig, ax = plt.subplots(figsize=(8, 3.8))
@@ -127,8 +164,9 @@ def plot_val_loss(histories: dict[str, History], every: int, ax=None) -> Figure:
         for name, h in histories.items():
             steps = [every * (i + 1) for i in range(len(h.val_loss))]
             ax.plot(steps, h.val_loss, marker="." if len(steps) < 8 else None, label=name, **STYLES.get(name, {}))
-        ax.axhline(math.log(65), color="0.6", lw=0.8, ls=":")
-        ax.text(every, math.log(65) - 0.12, "ln 65: a model that knows nothing", fontsize=8, color="0.4")
+        ax.axhline(math.log(vocab_size), color="0.6", lw=0.8, ls=":")
+        ax.text(every, math.log(vocab_size) - 0.12, f"ln {vocab_size}: a model that knows nothing", fontsize=8,
+                color="0.4")
         ax.set(xlabel="training step", ylabel="validation loss (nats per character)",
                title="The tiny GPT on Shakespeare, one run per precision and recipe")
         ax.legend()

@@ -11,7 +11,8 @@ Two places can round it to a half dtype, emulated here exactly (float64 arithmet
                                 among the largest, and rounding moves it by up to half its ulp: 2^-5 = 0.03
                                 for a logit between 8 and 16
     "log-softmax out in bf16"   the exact log-probabilities rounded to bf16: -log p(target) is the token's loss,
-                                a few nats, so one rounding costs up to that times 2^-9
+                                a few nats, so one rounding costs up to that times 2^-8 (half a bf16 ulp,
+                                relative to a number just above a power of two)
 and the same for fp16 (3 more bits: 8x smaller). The mean loss over many tokens averages the rounding
 errors (they have either sign), so it moves far less than one token's loss: the per-token error is what
 a gradient sees. CUDA autocast computes log_softmax and nll_loss (what cross_entropy runs) in fp32; CPU

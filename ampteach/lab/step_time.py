@@ -101,16 +101,26 @@ def categorize(name: str, ancestors: list[str]) -> str:
     return "elementwise & other"
 
 
-def breakdown(events) -> dict[str, float]:
+def _self_device_us(e) -> float:
+    """A CPU op's own GPU time: its kernels' durations, less its children's (torch renamed the attribute)."""
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(e, name):
+            return getattr(e, name)
+    return 0.0
+
+
+def breakdown(events, device: str = "cpu") -> dict[str, float]:
     """Milliseconds of self time per category, summed over profiler events (FunctionEvent: name, cpu_parent,
-    self_cpu_time_total in microseconds). Self time counts each moment once, in the innermost op."""
+    self_cpu_time_total in microseconds). Self time counts each moment once, in the innermost op. device
+    "cuda": the GPU time of the kernels each op launched (self_device_time_total), not the CPU's launch time."""
     ms = dict.fromkeys(CATEGORIES, 0.0)
     for e in events:
         ancestors, parent = [], e.cpu_parent
         while parent is not None:
             ancestors.append(parent.name)
             parent = parent.cpu_parent
-        ms[categorize(e.name, ancestors)] += e.self_cpu_time_total / 1000
+        us = _self_device_us(e) if device == "cuda" else e.self_cpu_time_total
+        ms[categorize(e.name, ancestors)] += us / 1000
     return ms
 
 
@@ -120,16 +130,19 @@ def profile_step(model: nn.Module, data: Preloaded, precision: str = "fp32", bat
     """Where one training step's time goes, in ms per category (CATEGORIES), plus "total".
 
     Profiles up to `steps` steps after a warm-up step (fewer once min_seconds have passed) and returns the
-    fastest of them: on a shared machine the others were slowed down by someone else's work."""
+    fastest of them: on a shared machine the others were slowed down by someone else's work. On a GPU (data on
+    cuda) the profiler records the kernels too and each category gets its kernels' GPU time."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     # the profiler's backend (kineto) writes a dated line to stderr at every start and stop unless its
     # log level is above them; it reads the variable when it first starts, and a value you set wins
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    device = data.device.type
     step = make_step(model, data, precision, batch_size, optimizer)
     step(None)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     start = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=activities) as prof:
         for i in range(steps):
             with record_function(f"ampteach.step{i}"):
                 step(None)
@@ -142,7 +155,7 @@ def profile_step(model: nn.Module, data: Preloaded, precision: str = "fp32", bat
             top = top.cpu_parent
         if top.name.startswith("ampteach.step"):
             per_step.setdefault(top.name, []).append(e)
-    best = min((breakdown(events) for events in per_step.values()), key=lambda ms: sum(ms.values()))
+    best = min((breakdown(events, device) for events in per_step.values()), key=lambda ms: sum(ms.values()))
     best["total"] = sum(best[c] for c in CATEGORIES)
     return best
 
