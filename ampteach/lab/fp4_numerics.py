@@ -37,7 +37,7 @@ from ampteach.amp.nvfp4 import (
 from ampteach.lab.fp8_plots import linear_tensors
 from ampteach.lab.fp8_plots import relative_error as fp8_relative_error
 from ampteach.lab.plots import course_style
-from ampteach.training.machine import best_seconds
+from ampteach.training.machine import best_seconds, machine_line
 
 __all__ = ["VARIANTS", "relative_error", "plot_e2m1_grid", "gpt_tensors", "scale_errors", "error_table",
            "plot_scale_errors", "scale_sweep", "plot_scale_sweep", "outlier_sweep", "outlier_table", "rht_cost",
@@ -185,15 +185,15 @@ def outlier_sweep(sizes: Sequence[float], tokens: int = 1024, features: int = 12
     return out
 
 
-def rht_cost(x: Tensor) -> tuple[float, float]:
-    """(seconds to quantize x to NVFP4 with its per-tensor scale, seconds for the RHT of x): the fastest of
-    repeated calls on one thread, by its CPU time (ampteach.training.machine.best_seconds)."""
+def rht_cost(x: Tensor) -> dict[str, float | str]:
+    """{"quantize": seconds to quantize x to NVFP4 with its per-tensor scale, "rht": seconds for the RHT of x,
+    "machine": machine_line()}: the fastest of repeated calls on one thread, by its CPU time (best_seconds)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         H = rht_matrix(random_signs(16, 0))
-        return (best_seconds(lambda: nvfp4_quantize(x, per_tensor_scale(x)), clock="cpu"),
-                best_seconds(lambda: rht(x, H), clock="cpu"))
+        return {"quantize": best_seconds(lambda: nvfp4_quantize(x, per_tensor_scale(x)), clock="cpu"),
+                "rht": best_seconds(lambda: rht(x, H), clock="cpu"), "machine": machine_line()}
     finally:
         torch.set_num_threads(threads)
 
