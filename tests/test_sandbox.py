@@ -117,6 +117,21 @@ def test_required_refuses_where_there_is_no_sandbox(monkeypatch):
     assert not plain.isolated and plain.note.startswith("NOT isolated")
 
 
+def test_folders_added_by_pth_files_are_in_view_but_not_a_checkout(monkeypatch, tmp_path):
+    """An environment stacked on another (a .pth line naming its site-packages) imports torch from there: the
+    sandbox must show that folder, or the notebook cannot start; a checkout named by a .pth line stays hidden."""
+    from ampteach.grading import sandbox
+
+    site_dir, packages, checkout = tmp_path / "site", tmp_path / "elsewhere", tmp_path / "checkout"
+    for folder in (site_dir, packages, checkout / "ampteach"):
+        folder.mkdir(parents=True)
+    (site_dir / "stack.pth").write_text(f"# stacked\nimport os\n{packages}\n{checkout}\n{tmp_path / 'gone'}\n")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(packages), str(checkout)])
+    assert sandbox._pth_folders([str(site_dir)]) == {str(packages)}
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(packages)])
+    assert sandbox._pth_folders([str(site_dir)]) == set()      # what Python here did not import from: not shown
+
+
 # --- the guard, alone ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("source, refused", [

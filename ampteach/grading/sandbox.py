@@ -85,8 +85,9 @@ class Sandbox:
 
 def _python_roots() -> list[str]:
     """The folders a Python process here needs to read: the interpreter and the standard library (the prefixes),
-    the installed packages (site-packages), and ampteach itself (a checkout, for an editable install). Not the
-    other entries of sys.path: one of them is the folder the grader was started from."""
+    the installed packages (site-packages and the folders their .pth files add), and ampteach itself (a checkout's,
+    for an editable install). Not the other entries of sys.path: one of them is the folder the grader was started
+    from."""
     import site
 
     package = str(Path(__file__).resolve().parents[1])      # ampteach/: a checkout's, for an editable install
@@ -95,11 +96,36 @@ def _python_roots() -> list[str]:
     user = site.getusersitepackages() if hasattr(site, "getusersitepackages") else None
     if user and user in sys.path:
         roots.add(user)
+    roots.update(_pth_folders(sorted(roots)))
     found: list[str] = []
     for root in sorted({os.path.realpath(r) for r in roots} | {os.path.abspath(r) for r in roots}):
         if os.path.exists(root) and not any(root.startswith(other + os.sep) for other in found):
             found.append(root)
     return found
+
+
+def _pth_folders(site_dirs: list[str]) -> set[str]:
+    """The folders that .pth files in site_dirs add to sys.path (the lines that name a folder, as `site` reads
+    them: packages installed elsewhere, an environment stacked on another), where Python here imported them."""
+    folders = set()
+    for site_dir in site_dirs:
+        try:
+            names = [n for n in os.listdir(site_dir) if n.endswith(".pth")]
+        except OSError:
+            continue
+        for name in names:
+            try:
+                lines = Path(site_dir, name).read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                line = line.strip()
+                if not line or line.startswith(("#", "import ", "import\t")):
+                    continue
+                folder = os.path.abspath(os.path.join(site_dir, line))
+                if os.path.isdir(folder) and folder in sys.path and not os.path.isdir(os.path.join(folder, "ampteach")):
+                    folders.add(folder)     # not a checkout's root (an editable install): ampteach/ is bound alone
+    return folders
 
 
 def hidden_folders() -> list[str]:
