@@ -134,7 +134,7 @@ def test_measure_step_lists_the_half_weight_copy_autocast_saves():
 
     used = measure_step(step, model)
     weights = [(dtype, nbytes) for shape, dtype, nbytes in used.tensors if sorted(shape) in ([3, 4], [4, 6])]
-    assert weights == [(torch.bfloat16, 3 * 4 * 2)]   # the second layer's cast weight (as its transpose); not the first's
+    assert weights == [(torch.bfloat16, 3 * 4 * 2)]  # the second layer's cast weight (transposed), not the first's
 
     assert used.saved == sum(nbytes for *_, nbytes in used.tensors)
 

@@ -19,7 +19,7 @@ from site_checks import ROOT, SPHINX_NOTICES, broken_cells, built_site, cell_fig
 
 from ampteach.grading.exercises import learner_version
 from ampteach.tools import cli
-from ampteach.tools.course_map import LINK, course_sections, lesson_number
+from ampteach.tools.course_map import LINK, course_sections, lesson_label
 from ampteach.tools.website import course_sections_of, resolve_link
 
 pytestmark = SPHINX_NOTICES
@@ -55,16 +55,16 @@ def test_the_site_builds_offline_with_a_page_per_lesson_and_exercise(built):
     assert not [p for p in built.out.rglob("*") if "solution" in p.name.lower() and p.suffix in (".html", ".ipynb")]
 
 
-def map_rows() -> tuple[list[Path], dict[Path, int]]:
-    """From the course map: its lessons in order, and each exercise's "after lesson" number (first column)."""
+def map_rows() -> tuple[list[Path], dict[Path, str]]:
+    """From the course map: its lessons in order, and each exercise's "after lesson" label (first column: 3, 6b)."""
     lessons, after = [], {}
     for line in (ROOT / "course/README.md").read_text().splitlines():
         for found in re.findall(r"\]\((?:\.\./)?((?:notebooks|exercises)/[\w.-]+\.ipynb)\)", line):
             path, first = Path(found), line.strip("| ").split("|")[0].strip()
             if path.parts[0] == "notebooks" and path not in lessons and (ROOT / path).is_file():
                 lessons.append(path)
-            elif path.parts[0] == "exercises" and first.isdigit():
-                after.setdefault(path, int(first))
+            elif path.parts[0] == "exercises" and re.fullmatch(r"\d+[a-z]?", first):
+                after.setdefault(path, first)
     return lessons, after
 
 
@@ -82,14 +82,14 @@ def test_pages_follow_the_course_map_each_lesson_then_its_exercises(built, pages
     for i, path in enumerate(built.pages):
         if path in after:                        # the lesson before it is the one its row names
             lesson = next(p for p in reversed(built.pages[:i]) if p.parts[0] == "notebooks")
-            assert int(lesson.name.split("_")[0]) == after[path], (path, lesson)
+            assert lesson_label(lesson.stem) == after[path], (path, lesson)
 
 
 def test_the_sidebar_has_a_section_per_lesson_holding_the_lesson_then_its_exercises(built, pages):
     sidebar = pages[Path("index.html")].select_one("nav.bd-links")
     captions = [c.get_text(strip=True) for c in sidebar.select("p.caption")]
     lessons = [p for p in built.pages if p.parts[0] == "notebooks"]
-    assert captions[:len(lessons)] == [f"Lesson {int(p.name.split('_')[0])}" for p in lessons]
+    assert captions[:len(lessons)] == [f"Lesson {lesson_label(p.stem)}" for p in lessons]
     entries = []
     for caption in sidebar.select("p.caption"):
         links = caption.find_next_sibling("ul").select("a")
@@ -228,7 +228,7 @@ def test_each_lesson_links_its_exercises_and_the_lessons_before_and_after_it(ind
     around = SECTIONS[max(index - 1, 0):index + 2]
     wanted += [Path("notebooks", f"{s.lesson}.ipynb") for s in around if s is not section]
     missing = [p.as_posix() for p in wanted if p not in linked]
-    assert not missing, (f"lesson {lesson_number(section.lesson)} ({lesson}) has no link to {missing} (the exercises "
+    assert not missing, (f"lesson {lesson_label(section.lesson)} ({lesson}) has no link to {missing} (the exercises "
                          f"the course map places after it, the lessons before and after it)")
 
 
@@ -239,6 +239,14 @@ def test_the_course_order_puts_each_exercise_after_the_lesson_its_row_names():
     sections = course_sections(course_map, ["00_a", "01_b", "02_c", "03_d"], ["e0", "e1", "e9", "new"])
     assert [(s.lesson, s.exercises) for s in sections] == [     # the map's order; 02_c, not on it, by number
         ("01_b", ["e1"]), ("02_c", []), ("03_d", []), ("00_a", ["e0"]), (None, ["e9", "new"])]
+
+
+def test_a_lesson_split_in_two_has_a_lettered_part_with_its_own_exercises():
+    course_map = ("| 6 | [l6](../notebooks/06_a.ipynb) |\n| 7 | [l7](../notebooks/07_c.ipynb) |\n"
+                  "| 6b | [x](../exercises/e6b.ipynb) |\n| 6 | [y](../exercises/e6.ipynb) |\n")
+    sections = course_sections(course_map, ["06_a", "06b_b", "07_c"], ["e6", "e6b"])
+    assert [(s.lesson, s.exercises) for s in sections] == [("06_a", ["e6"]), ("06b_b", ["e6b"]), ("07_c", [])]
+    assert [lesson_label(n) for n in ("00_start", "06b_b", "11_fp4", "intro")] == ["0", "6b", "11", None]
 
 
 # ---------------------------------------------------------------- a small course made here

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ampteach.grading.exercises import is_untouched_exercise, learner_notebooks
-from ampteach.tools.course_map import course_sections, lesson_number
+from ampteach.tools.course_map import course_sections, lesson_label
 
 __all__ = ["DEFAULT_FOLDER", "FIRST_LESSON", "PASSES_ON", "CourseFiles", "Prepared", "find_course", "checkout_files",
            "installed_files", "course_folder_of", "choose_folder", "prepare", "lab_command", "add_arguments", "run"]
@@ -138,8 +138,8 @@ def workspace_readme(map_text: str, files: dict[str, str]) -> str:
              "folder with `ampteach grade exercises/NAME.ipynb`.", ""]
     for section in course_sections(map_text, stems("notebooks"), stems("exercises")):
         if section.lesson:
-            number = lesson_number(section.lesson)
-            lines.append(f"- {'Lesson ' + str(number) + ': ' if number is not None else ''}"
+            label = lesson_label(section.lesson)
+            lines.append(f"- {'Lesson ' + label + ': ' if label is not None else ''}"
                          f"{link('notebooks', section.lesson)}")
         else:
             lines.append("- More exercises")

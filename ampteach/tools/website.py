@@ -31,7 +31,7 @@ from pathlib import Path
 import nbformat
 
 from ampteach.grading.exercises import learner_version
-from ampteach.tools.course_map import LINK, Section, course_sections, lesson_number
+from ampteach.tools.course_map import LINK, Section, course_sections, lesson_label
 
 __all__ = ["CourseNotFound", "Site", "find_root", "resolve_link", "is_page", "course_sections_of", "course_pages",
            "Links", "widget_snapshot", "without_test_marks", "static_notebook", "index_markdown", "stage", "build",
@@ -320,8 +320,8 @@ def section_caption(section: Section) -> str:
     """The sidebar heading of a lesson's section: "Lesson 3" (a lesson without a number: its file name)."""
     if section.lesson is None:
         return "More exercises"
-    number = lesson_number(section.lesson)
-    return f"Lesson {number}" if number is not None else section.lesson.replace("_", " ")
+    label = lesson_label(section.lesson)
+    return f"Lesson {label}" if label is not None else section.lesson.replace("_", " ")
 
 
 def index_markdown(links: Links, sections: list[Section]) -> str:
