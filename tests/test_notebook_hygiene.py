@@ -47,6 +47,15 @@ def test_kernel_and_seed(path):
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
+def test_every_lesson_takes_its_device_from_the_switch_in_its_first_code_cell(path):
+    """AMPTEACH_DEVICE=cuda runs a lesson on the GPU only if the lesson asks ampteach.course_device() first
+    (issue 36): a lesson that builds its tensors before reading the switch keeps them on the CPU."""
+    first = "".join(code_cells(load(path))[0]["source"])
+    assert re.search(r"^device = (ampteach\.)?course_device\(\)", first, re.M), \
+        f"{path.name}: its first code cell should set `device = course_device()` (ampteach's AMPTEACH_DEVICE switch)"
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name)
 def test_lessons_are_stored_executed_without_errors_or_machine_paths(path):
     nb = load(path)
     for i, cell in enumerate(code_cells(nb)):
