@@ -286,3 +286,29 @@ def test_a_failed_check_in_a_notebook_shows_its_message_with_the_traceback_folde
     assert sum(o.output_type == "display_data" for o in nb.cells[1].outputs) == 1
     other = nb.cells[2].outputs[-1]
     assert other.ename == "ZeroDivisionError" and len(other.traceback) > 1
+
+
+def test_the_cells_after_a_notebook_that_stopped_answering_count_as_timed_out(monkeypatch):
+    """A cell whose process stops answering (an endless loop the watchdog could not interrupt on a busy machine)
+    ends the notebook: it and every cell after it are "timeout", never "missing" (which means not handed in)."""
+    from ampteach.grading import autograde
+    from ampteach.grading.session import SessionLost
+
+    class Hung:
+        def __init__(self, *args, **kwargs):
+            self.calls = 0
+
+        def run_cell(self, source, timeout=None):
+            self.calls += 1
+            raise SessionLost("the notebook's process stopped answering after 30 s")
+
+        request = run_cell
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(autograde, "Session", Hung)
+    nb = nbformat.read(ROOT / "exercises" / f"{EXERCISE}.ipynb", as_version=4)
+    outcomes, notes = autograde.autograde(nb, EXERCISE, timeout=5, sandbox=None)
+    assert outcomes and {o.result for o in outcomes} == {"timeout"}, [(o.label, o.result) for o in outcomes]
+    assert any("stopped answering" in n for n in notes)

@@ -213,6 +213,7 @@ def autograde(nb: nbformat.NotebookNode, exercise: str, timeout: float,
                             tuple(p.check["functions"]) if p.check else ()) for p in code], notes + [message]
     outcomes: list[CellOutcome] = []
     lost: str | None = None
+    lost_as = "missing"            # what the cells after a lost process count as: "timeout" if it stopped answering
     refused: str | None = None     # a cell did what the exercise refuses for the whole notebook
     try:
         session = Session(exercise, sandbox, timeout, total=(len(code) + 2) * (timeout + 60) + 300)
@@ -222,7 +223,7 @@ def autograde(nb: nbformat.NotebookNode, exercise: str, timeout: float,
         for p in code:
             functions = tuple(p.check["functions"]) if p.check else ()
             if lost is not None:
-                outcomes.append(CellOutcome(p.label, p.learner_position, "missing", lost, functions))
+                outcomes.append(CellOutcome(p.label, p.learner_position, lost_as, lost, functions))
                 continue
             try:
                 if p.check is None:
@@ -237,6 +238,7 @@ def autograde(nb: nbformat.NotebookNode, exercise: str, timeout: float,
             except SessionLost as exc:
                 lost = f"not run: {exc}"
                 result, message = ("timeout" if "stopped answering" in str(exc) else "missing"), str(exc)
+                lost_as = result
             outcomes.append(CellOutcome(p.label, p.learner_position, result, message, functions))
     finally:
         if session is not None:
