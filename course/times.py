@@ -2,7 +2,8 @@
 
     $ python course/times.py              # one row per lesson and exercise: its core path, and what is optional
     $ python course/times.py --write      # and put each core-path total in the course map's time column, and each
-                                          # lesson's run time in its first cell (between <!-- run time --> marks)
+                                          # lesson's run time in its first cell (between <!-- run time --> marks),
+                                          # naming this machine: run it where the lessons were just executed
 
     core minutes = words / 120 + code lines / 10 + 2 per Predict prompt + 1 per Recall question + run time
                    (+ 1 per line of code to write, for an exercise)
@@ -25,6 +26,7 @@ estimates from a rule, not timings of learners.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from datetime import datetime
@@ -117,12 +119,27 @@ def write_map(course_map: Path = ROOT / "course" / "README.md") -> list[str]:
 RUN_TIME = re.compile(r"<!-- run time -->.*?<!-- /run time -->", flags=re.S)
 
 
-def run_time_sentence(path: Path) -> str:
-    """What a lesson's first cell says about its run time, from its recorded cell times."""
+def this_machine() -> str:
+    """The machine --write runs on, in words ("a 2-core Intel Xeon with AVX512-BF16, AMX-BF16 and AVX512-FP16"):
+    run it where the lessons were just executed, so the run-time sentences name the machine that timed them."""
+    sys.path.insert(0, str(ROOT))
+    from ampteach.training.machine import FLAG_NAMES, cpu_info
+
+    name, flags = cpu_info()
+    name = re.sub(r"\((?:R|TM)\)|\b(?:Processor|CPU)\b|@.*$", "", name, flags=re.I)
+    name = " ".join(re.sub(r"\b\d+-Core\b", "", name, flags=re.I).split())
+    native = [FLAG_NAMES[f] for f, on in (flags or {}).items() if on]
+    half = (" with " + ", ".join(native[:-1]) + " and " * (len(native) > 1) + native[-1]) if native else \
+        " without native half-precision instructions" if flags is not None else ""
+    return f"a {os.cpu_count()}-core {name}{half}"
+
+
+def run_time_sentence(path: Path, machine: str) -> str:
+    """What a lesson's first cell says about its run time, from its recorded cell times and the machine that ran it."""
     core, deeper = split_path(json.loads(path.read_text())["cells"])
     core_s, deeper_s = (sum(_seconds(c) for c in cells if c["cell_type"] == "code") for cells in (core, deeper))
     minutes = lambda s: "under a minute" if s < 60 else f"about {max(1, round(s / 60))} minute{'s' * (s >= 90)}"  # noqa: E731
-    sentence = f"Running it takes {minutes(core_s)} on a 2-core laptop-class CPU (the cells' recorded times)"
+    sentence = f"Running it takes {minutes(core_s)} on {machine} (the cells' recorded times)"
     if deeper_s:
         sentence += f", and the optional part {minutes(deeper_s)} more"
     return f"<!-- run time -->{sentence}.<!-- /run time -->"
@@ -130,13 +147,13 @@ def run_time_sentence(path: Path) -> str:
 
 def write_run_times(folder: Path = ROOT / "notebooks") -> list[str]:
     """Put run_time_sentence into each lesson's first markdown cell, where it holds the markers; the changed lessons."""
-    changed = []
+    changed, machine = [], this_machine()
     for path in sorted(folder.glob("[0-9][0-9]*.ipynb")):
         nb = json.loads(path.read_text())
         first = next((c for c in nb["cells"] if c["cell_type"] == "markdown"), None)
         if first is None or not RUN_TIME.search("".join(first["source"])):
             continue
-        text = RUN_TIME.sub(run_time_sentence(path), "".join(first["source"]))
+        text = RUN_TIME.sub(run_time_sentence(path, machine), "".join(first["source"]))
         if text != "".join(first["source"]):
             first["source"] = text.splitlines(keepends=True)
             path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
