@@ -37,7 +37,7 @@ steps fp32 master copies (ampteach.MasterWeights), adding two lines to the same 
 
 "half" (O3) halves the model and lets the optimizer update the half weights directly; with
 rounding="kahan" or "stochastic" the optimizer steps fp32 copies made for the step instead, and
-ampteach.HalfWeights writes them back into the half weights by that rule (lesson 3, section 5).
+ampteach.HalfWeights writes them back into the half weights by that rule (lesson 3, section 3).
 """
 
 from __future__ import annotations
