@@ -112,8 +112,26 @@ def write_map(course_map: Path = ROOT / "course" / "README.md") -> list[str]:
             changed.append(f"{row[2]}: {row[3]} -> {cell}")
         return f"{row[1]}{cell}{row[4]}"
 
-    course_map.write_text(_ROW.sub(fill, course_map.read_text()))
+    text = _ROW.sub(fill, course_map.read_text())
+    total = total_sentence()
+    if TOTAL.search(text) and TOTAL.search(text)[0] != total:
+        changed.append(f"total: {total}")
+    course_map.write_text(TOTAL.sub(total, text))
     return changed
+
+
+TOTAL = re.compile(r"<!-- total -->.*?<!-- /total -->", flags=re.S)
+
+
+def total_sentence(folder: Path = ROOT / "notebooks") -> str:
+    """What the course map says under its lessons: the core paths' sum, and the optional parts' beside it."""
+    core = optional = 0
+    for path in sorted(folder.glob("[0-9][0-9]*.ipynb")):
+        e = estimate(path)
+        core, optional = core + e["total"], optional + e["optional"]
+    hours = lambda m: f"{m // 60} h {m % 60} min"  # noqa: E731
+    return (f"<!-- total -->The lessons' core paths add up to {hours(core)} by this rule; their optional parts to "
+            f"{hours(optional)} more.<!-- /total -->")
 
 
 RUN_TIME = re.compile(r"<!-- run time -->.*?<!-- /run time -->", flags=re.S)

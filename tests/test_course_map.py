@@ -60,3 +60,5 @@ def test_the_time_column_is_the_rule_course_times_computes():
     for path, cell in rows:
         computed = times.time_cell(ROOT / path.replace("exercises/", "solutions/"))
         assert cell == computed, f"{path}: the map says {cell}, course/times.py says {computed}"
+    assert times.total_sentence() in (ROOT / "course" / "README.md").read_text(), \
+        "the map's total under its lessons is not the sum course/times.py computes: run python course/times.py --write"
