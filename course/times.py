@@ -113,8 +113,8 @@ def write_map(course_map: Path = ROOT / "course" / "README.md") -> list[str]:
         return f"{row[1]}{cell}{row[4]}"
 
     text = _ROW.sub(fill, course_map.read_text())
-    total = total_sentence()
-    if TOTAL.search(text) and TOTAL.search(text)[0] != total:
+    total, found = total_sentence(), TOTAL.search(text)
+    if found and found[0] != total:
         changed.append(f"total: {total}")
     course_map.write_text(TOTAL.sub(total, text))
     return changed
@@ -147,8 +147,12 @@ def this_machine() -> str:
     name = re.sub(r"\((?:R|TM)\)|\b(?:Processor|CPU)\b|@.*$", "", name, flags=re.I)
     name = " ".join(re.sub(r"\b\d+-Core\b", "", name, flags=re.I).split())
     native = [FLAG_NAMES[f] for f, on in (flags or {}).items() if on]
-    half = (" with " + ", ".join(native[:-1]) + " and " * (len(native) > 1) + native[-1]) if native else \
-        " without native half-precision instructions" if flags is not None else ""
+    if native:
+        half = " with " + (f"{', '.join(native[:-1])} and {native[-1]}" if len(native) > 1 else native[0])
+    elif flags is not None:
+        half = " without native half-precision instructions"
+    else:
+        half = ""                                   # the OS does not tell
     return f"a {os.cpu_count()}-core {name}{half}"
 
 
